@@ -1,0 +1,11 @@
+"""The `edgellm` command line (click)."""
+
+import click
+
+from edgellm import __version__
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="edgellm")
+def main() -> None:
+    """edgellm: quantized LLMs on small GPUs and plain CPUs."""

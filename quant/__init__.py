@@ -1,0 +1,1 @@
+"""edgellm.quant: checkpoint formats <-> QuantizedWeight, and the quantizers."""
