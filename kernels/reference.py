@@ -93,3 +93,77 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor, scale: float) -> Tensor:
         vt = vt.repeat_interleave(groups, dim=1)
     out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, scale=scale)
     return out.transpose(1, 2)
+
+
+def write_kv(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, slot_mapping: Tensor) -> None:
+    """Store this step's k/v [T, Hkv, D] into paged caches [num_blocks, block_size, Hkv, D].
+
+    slot_mapping [T] holds block_id * block_size + offset per token; −1 marks a padding
+    row whose K/V must not land anywhere (the GPU path pads CUDA-graph batches this way).
+    """
+    keep = slot_mapping >= 0
+    slots = slot_mapping[keep]
+    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slots, k[keep])
+    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slots, v[keep])
+
+
+def _gather_kv(cache: Tensor, block_rows: Tensor, num_keys: int) -> Tensor:
+    """cache [num_blocks, bs, Hkv, D], block_rows [r, nb] -> [r, Hkv, num_keys, D] in token order."""
+    r, nb = block_rows.shape
+    kv = cache[block_rows].reshape(r, nb * cache.shape[1], *cache.shape[2:])[:, :num_keys]  # [r, L, Hkv, D]
+    return kv.transpose(1, 2)
+
+
+def _sdpa_gqa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float) -> Tensor:
+    """q [r, Hq, n, D], k/v [r, Hkv, L, D], boolean mask broadcastable to [r, Hq, n, L] (True = attend)."""
+    groups = q.shape[1] // k.shape[1]
+    if groups > 1:
+        k = k.repeat_interleave(groups, dim=1)
+        v = v.repeat_interleave(groups, dim=1)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+
+
+def paged_attention(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    block_tables: Tensor,
+    seq_lens: Tensor,
+    query_start_loc: Tensor,
+    scale: float,
+) -> Tensor:
+    """Attention of a flat batch over paged K/V: q [T, Hq, D] -> [T, Hq, D].
+
+    Request i owns q rows query_start_loc[i] : query_start_loc[i + 1] (n_i tokens) and
+    seq_lens[i] keys, read through block_tables[i] ([R, max_blocks], 0-padded). Its first
+    c_i = seq_lens[i] − n_i keys were computed in earlier steps, so query j sees keys
+    0 .. c_i + j: one rule covers a prefill (c = 0), a prefill chunk and a decode (n = 1).
+    Decode rows run as one padded batch; every other request runs on its own.
+    The caches must already hold this step's K/V (`write_kv` first).
+    """
+    block_size = k_cache.shape[1]
+    starts = query_start_loc.tolist()
+    lens = seq_lens.tolist()
+    out = torch.empty_like(q)
+    decode = [i for i in range(len(lens)) if starts[i + 1] - starts[i] == 1]
+    if decode:
+        idx = torch.tensor(decode, device=q.device)
+        rows = query_start_loc[idx]  # the decode rows' token index in the flat batch
+        num_keys = max(lens[i] for i in decode)
+        blocks = block_tables[idx, : -(-num_keys // block_size)]
+        k = _gather_kv(k_cache, blocks, num_keys)
+        v = _gather_kv(v_cache, blocks, num_keys)
+        mask = torch.arange(num_keys, device=q.device) < seq_lens[idx].unsqueeze(1)  # [r, L]: own keys only
+        o = _sdpa_gqa(q[rows].unsqueeze(2), k, v, mask[:, None, None, :], scale)  # [r, Hq, 1, D]
+        out[rows] = o[:, :, 0]
+    for i in sorted(set(range(len(lens))) - set(decode)):
+        s, e, num_keys = starts[i], starts[i + 1], lens[i]
+        blocks = block_tables[i : i + 1, : -(-num_keys // block_size)]
+        k = _gather_kv(k_cache, blocks, num_keys)
+        v = _gather_kv(v_cache, blocks, num_keys)
+        first = num_keys - (e - s)  # keys computed before this step
+        qpos = first + torch.arange(e - s, device=q.device)
+        mask = torch.arange(num_keys, device=q.device) <= qpos.unsqueeze(1)  # [n, L] causal from `first` on
+        o = _sdpa_gqa(q[s:e].transpose(0, 1).unsqueeze(0), k, v, mask, scale)  # [1, Hq, n, D]
+        out[s:e] = o[0].transpose(0, 1)
+    return out
