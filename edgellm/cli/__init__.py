@@ -9,3 +9,8 @@ from edgellm import __version__
 @click.version_option(__version__, prog_name="edgellm")
 def main() -> None:
     """edgellm: quantized LLMs on small GPUs and plain CPUs."""
+
+
+from edgellm.cli.pull import pull  # noqa: E402  (commands register after the group exists)
+
+main.add_command(pull)
