@@ -15,6 +15,7 @@ from edgellm.kernels import reference
 from edgellm.kernels.qweight import QuantizedWeight
 from edgellm.kernels.quant_matmul import quant_matmul
 from edgellm.model.config import ModelConfig, RopeConfig
+from edgellm.model.forward_context import ForwardContext
 
 
 class RMSNorm(nn.Module):
@@ -95,6 +96,7 @@ class Attention(nn.Module):
         project_qkv(x) -> q, k, v        [..., T, H, D]   (+ Qwen3 per-head q/k norm)
         rotate(q, k, positions)          RoPE at the given positions
         attend(q, k, v)                  plain causal attention, no cache
+          or attend_paged(q, k, v, ...)  flat batch: write K/V to the paged cache, attend through it
         o_proj(o.flatten(-2))
     """
 
@@ -129,10 +131,19 @@ class Attention(nn.Module):
     def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         return reference.causal_attention(q, k, v, self.scale)  # [B, T, Hq, D]
 
-    def forward(self, x: Tensor, positions: Tensor) -> Tensor:
+    def attend_paged(self, q: Tensor, k: Tensor, v: Tensor, ctx: ForwardContext, kv_cache: Tensor) -> Tensor:
+        """q [T, Hq, D], k/v [T, Hkv, D]; kv_cache [2, num_blocks, block_size, Hkv, D] of this layer."""
+        reference.write_kv(kv_cache[0], kv_cache[1], k, v, ctx.slot_mapping)
+        return reference.paged_attention(
+            q, kv_cache[0], kv_cache[1], ctx.block_tables, ctx.seq_lens, ctx.query_start_loc, self.scale
+        )  # [T, Hq, D]
+
+    def forward(
+        self, x: Tensor, positions: Tensor, ctx: ForwardContext | None = None, kv_cache: Tensor | None = None
+    ) -> Tensor:
         q, k, v = self.project_qkv(x)
         q, k = self.rotate(q, k, positions)
-        o = self.attend(q, k, v)
+        o = self.attend(q, k, v) if ctx is None else self.attend_paged(q, k, v, ctx, kv_cache)
         return self.o_proj(o.flatten(-2))
 
 
