@@ -15,6 +15,8 @@ from edgellm.kernels import reference
 from edgellm.kernels.qweight import QuantizedWeight
 from edgellm.kernels.quant_matmul import quant_matmul
 from edgellm.model.config import ModelConfig, RopeConfig
+
+DEQUANT_BLOCK_N = 1024  # output columns dequantized at a time when caching a CPU weight
 from edgellm.model.forward_context import ForwardContext
 
 
@@ -72,10 +74,17 @@ class QuantLinear(nn.Module):
         if cache_dtype is None:
             self.weight = None
             return
-        w = reference.dequantize(qw, torch.float32)  # [K, N], rows in perm order
-        if qw.perm is not None:
-            w = torch.empty_like(w).index_copy_(0, qw.perm.long(), w)  # back to natural K order
-        self.weight = nn.Parameter(w.t().to(cache_dtype).contiguous(), requires_grad=False)
+        weight = torch.empty(qw.out_features, qw.in_features, dtype=cache_dtype, device=qw.device)  # [N, K]
+        # Column blocks bound the fp32/int64 temporaries of `dequantize` to a few hundred MB
+        # even for 14336-wide layers; each block is exact, so the result equals one big call.
+        for n0 in range(0, qw.out_features, DEQUANT_BLOCK_N):
+            block = _columns(qw, n0, n0 + DEQUANT_BLOCK_N)
+            w = reference.dequantize(block, torch.float32).t()  # [n, K], K in perm order
+            if qw.perm is not None:
+                weight[n0 : n0 + w.shape[0], qw.perm.long()] = w.to(cache_dtype)  # back to natural K order
+            else:
+                weight[n0 : n0 + w.shape[0]] = w
+        self.weight = nn.Parameter(weight, requires_grad=False)
 
     def load_bias(self, bias: Tensor) -> None:
         self.bias = nn.Parameter(bias, requires_grad=False)
@@ -88,6 +97,19 @@ class QuantLinear(nn.Module):
     def extra_repr(self) -> str:
         kind = "dense" if self.qweight is None else f"{self.qweight.bits}-bit g{self.qweight.group_size}"
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, {kind}"
+
+
+def _columns(qw: QuantizedWeight, n0: int, n1: int) -> QuantizedWeight:
+    """Output columns [n0, n1) of `qw`: every tensor but `perm` is column-major in N."""
+    return QuantizedWeight(
+        qweight=qw.qweight[:, n0:n1],
+        scales=qw.scales[:, n0:n1],
+        zeros=None if qw.zeros is None else qw.zeros[:, n0:n1],
+        bits=qw.bits,
+        group_size=qw.group_size,
+        perm=qw.perm,
+        in_features=qw.in_features,
+    )
 
 
 class Attention(nn.Module):
