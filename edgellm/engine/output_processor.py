@@ -6,6 +6,11 @@ sent. Stop strings are matched on the text and cut from it; a hit finishes the
 request here and is handed back to the engine, which aborts it in the scheduler.
 While streaming, the last max(len(stop)) − 1 characters are held back: they may be
 the start of a stop string that the next token completes.
+
+A request with n > 1 runs as n child requests ("0_<id>", "1_<id>", ...); outputs carry
+the parent id and the child's index, and the request is `finished` when its last
+child is. Streaming emits one delta per child per step; otherwise one cumulative
+RequestOutput with all n completions comes when the last child finishes.
 """
 
 from __future__ import annotations
@@ -21,8 +26,20 @@ from edgellm.outputs import CompletionOutput, RequestOutput, Usage
 
 
 @dataclass(slots=True)
+class ParentState:
+    """The user's request: its n children and their finished completions."""
+
+    child_ids: list[str]
+    num_unfinished: int
+    completions: list[CompletionOutput | None]  # by index, kept for the cumulative output
+    num_completion_tokens: int = 0
+    num_cached_tokens: int = 0
+
+
+@dataclass(slots=True)
 class RequestState:
-    request_id: str
+    request_id: str  # the parent's id: what the caller sees
+    index: int  # which of the parent's n samples
     prompt: str | None
     prompt_token_ids: list[int]
     params: SamplingParams
@@ -48,17 +65,30 @@ class ProcessedOutputs:
 class OutputProcessor:
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
-        self.states: dict[str, RequestState] = {}
+        self.states: dict[str, RequestState] = {}  # by child id
+        self.parents: dict[str, ParentState] = {}
 
     def add_request(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
-                    params: SamplingParams, stream: bool) -> None:
-        detok = IncrementalDetokenizer(self.tokenizer, prompt_token_ids)
-        self.states[request_id] = RequestState(request_id, prompt, prompt_token_ids, params, detok, stream,
-                                               logprobs=[] if params.logprobs is not None else None)
+                    params: list[SamplingParams], stream: bool) -> list[str]:
+        """Track a request with one SamplingParams per child (n of them); returns the child ids."""
+        if request_id in self.parents:
+            raise ValueError(f"request_id: {request_id!r} is already in use")
+        child_ids = [request_id] if len(params) == 1 else [f"{i}_{request_id}" for i in range(len(params))]
+        self.parents[request_id] = ParentState(child_ids, len(params), [None] * len(params))
+        for i, (child_id, p) in enumerate(zip(child_ids, params)):
+            detok = IncrementalDetokenizer(self.tokenizer, prompt_token_ids)
+            self.states[child_id] = RequestState(request_id, i, prompt, prompt_token_ids, p, detok, stream,
+                                                 logprobs=[] if p.logprobs is not None else None)
+        return child_ids
 
-    def abort_requests(self, request_ids: list[str]) -> None:
+    def abort_requests(self, request_ids: list[str]) -> list[str]:
+        """Forget parents; returns their unfinished child ids (for the scheduler)."""
+        children = []
         for rid in request_ids:
-            self.states.pop(rid, None)
+            parent = self.parents.pop(rid, None)
+            if parent is not None:
+                children += [c for c in parent.child_ids if self.states.pop(c, None) is not None]
+        return children
 
     def process(self, core_outputs: list[EngineCoreOutput]) -> ProcessedOutputs:
         result = ProcessedOutputs([], [])
@@ -85,6 +115,8 @@ class OutputProcessor:
                 result.request_outputs.append(out)
             if finish is not None:
                 del self.states[co.request_id]
+                if self.parents[st.request_id].num_unfinished == 0:
+                    del self.parents[st.request_id]
         return result
 
     @staticmethod
@@ -101,18 +133,29 @@ class OutputProcessor:
 
     def _make_output(self, st: RequestState, num_cached: int, finish: str | None,
                      stop_reason: int | str | None) -> RequestOutput | None:
+        parent = self.parents[st.request_id]
+        parent.num_cached_tokens = max(parent.num_cached_tokens, num_cached)
         finished = finish is not None
-        if not st.stream and not finished:
-            return None
+        if finished:
+            parent.num_unfinished -= 1
+            parent.num_completion_tokens += len(st.token_ids)
+            parent.completions[st.index] = CompletionOutput(
+                st.index, st.text, st.token_ids, finish, st.logprobs, stop_reason
+            )
+        all_done = parent.num_unfinished == 0
+        usage = Usage(len(st.prompt_token_ids), parent.num_completion_tokens) if all_done else None
         if st.stream:
             upto = len(st.text) if finished else max(st.num_sent_chars, len(st.text) - st.hold_back)
-            text = st.text[st.num_sent_chars : upto]
-            token_ids = st.token_ids[st.num_sent_tokens :]
-            logprobs = st.logprobs[st.num_sent_tokens :] if st.logprobs is not None else None
+            delta = CompletionOutput(
+                st.index, st.text[st.num_sent_chars : upto], st.token_ids[st.num_sent_tokens :], finish,
+                st.logprobs[st.num_sent_tokens :] if st.logprobs is not None else None,
+                stop_reason if finished else None,
+            )
             st.num_sent_chars, st.num_sent_tokens = upto, len(st.token_ids)
+            outputs = [delta]
+        elif all_done:
+            outputs = list(parent.completions)
         else:
-            text, token_ids, logprobs = st.text, st.token_ids, st.logprobs
-        usage = Usage(len(st.prompt_token_ids), len(st.token_ids)) if finished else None
-        completion = CompletionOutput(0, text, token_ids, finish, logprobs, stop_reason if finished else None)
-        return RequestOutput(st.request_id, st.prompt, st.prompt_token_ids, [completion], finished,
-                             max(num_cached, 0), usage)
+            return None
+        return RequestOutput(st.request_id, st.prompt, st.prompt_token_ids, outputs, all_done,
+                             parent.num_cached_tokens, usage)

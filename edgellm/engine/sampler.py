@@ -29,8 +29,10 @@ class SamplingMetadata:
 
     params: list[SamplingParams]
     generators: list[torch.Generator | None]  # the request's own generator when it has a seed
-    prompt_token_ids: list[list[int]]  # for the repetition penalty (prompt + output, as vLLM)
-    output_token_ids: list[list[int]]  # for presence / frequency penalties (output only)
+    # prompt + output so far, per row: the repetition penalty sees all of it, presence / frequency
+    # only the output (vLLM); read only when a row asks for a penalty
+    token_ids: list[list[int]]
+    num_prompt_tokens: list[int]
 
 
 @dataclass(slots=True)
@@ -88,11 +90,11 @@ def apply_penalties(logits: Tensor, meta: SamplingMetadata) -> Tensor:
     for i, p in enumerate(meta.params):
         if not _has_penalty(p):
             continue
-        out = torch.tensor(meta.output_token_ids[i], dtype=torch.long, device=logits.device)
+        tokens = torch.tensor(meta.token_ids[i], dtype=torch.long, device=logits.device)
+        out = tokens[meta.num_prompt_tokens[i] :]
         if p.repetition_penalty != 1.0:
             seen = torch.zeros(V, dtype=torch.bool, device=logits.device)
-            seen[torch.tensor(meta.prompt_token_ids[i], dtype=torch.long, device=logits.device)] = True
-            seen[out] = True
+            seen[tokens] = True
             row = logits[i]
             penalised = torch.where(row > 0, row / p.repetition_penalty, row * p.repetition_penalty)
             logits[i] = torch.where(seen, penalised, row)
