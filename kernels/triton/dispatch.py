@@ -1,0 +1,89 @@
+"""GPU quant_matmul: pick a kernel from the dispatch table by (bits, group, N, K, M-bucket), run it.
+
+    M (tokens)   usual winner on an H200 (the table, not this list, decides)
+    1 .. 4       gemv.quant_gemv        split-K GEMV, no tensor cores
+    8 .. 64      gemm.quant_gemm        fused dequant + tl.dot, split-K to fill the SMs
+    128 ..       gemm.quant_gemm / dequant.quant_dequant_mm (only where it measured faster)
+
+fp32 activations always take dequant_mm (cuBLAS fp32); group sizes the fused kernels cannot
+tile (group_size % (32 // bits) != 0) too.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import Tensor
+
+from edgellm.kernels.qweight import QuantizedWeight
+from edgellm.kernels.triton.dequant import quant_dequant_mm
+from edgellm.kernels.triton.gemm import gemm_supported, quant_gemm
+from edgellm.kernels.triton.gemv import gemv_supported, quant_gemv
+from edgellm.kernels.triton.table import DispatchTable, KernelChoice, default_choice, load_table, table_group
+
+
+@functools.lru_cache(maxsize=None)
+def device_table(device: torch.device) -> DispatchTable:
+    """The table for one GPU, read once per process (tune.warmup clears this after writing)."""
+    return load_table(device)
+
+
+@functools.lru_cache(maxsize=None)
+def device_num_sms(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def choose_kernel(qw: QuantizedWeight, M: int, table: DispatchTable, num_sms: int, dtype: torch.dtype) -> KernelChoice:
+    K, N = qw.in_features, qw.out_features
+    if dtype == torch.float32:
+        return KernelChoice("dequant_mm")
+    group = table_group(qw.group_size, K)
+    choice = table.lookup(qw.bits, group, N, K, M, num_sms)
+    if not choice_supported(choice, qw, M):
+        choice = default_choice(qw.bits, group, N, K, M, num_sms)
+    return choice
+
+
+def choice_supported(choice: KernelChoice, qw: QuantizedWeight, M: int) -> bool:
+    if choice.kernel == "gemv":
+        return choice.block_k % (32 // qw.bits) == 0 and gemv_supported(qw, choice.block_k)
+    if choice.kernel == "gemm":
+        return gemm_supported(qw, choice.block_k)
+    return True
+
+
+def run_choice(choice: KernelChoice, x: Tensor, qw: QuantizedWeight, bias: Tensor | None) -> Tensor:
+    """x [M, K] -> y [M, N] with the given kernel and blocks."""
+    if choice.kernel == "dequant_mm":
+        return quant_dequant_mm(x, qw, bias)
+    kwargs = dict(
+        block_m=choice.block_m, block_n=choice.block_n, block_k=choice.block_k, split_k=choice.split_k,
+        num_warps=choice.num_warps, num_stages=choice.num_stages,
+    )
+    if choice.kernel == "gemv":
+        if choice.block_m < x.shape[0]:
+            kwargs["block_m"] = 1 << (x.shape[0] - 1).bit_length()
+        return quant_gemv(x, qw, bias, **kwargs)
+    return quant_gemm(x, qw, bias, **kwargs)
+
+
+def quant_matmul_triton(
+    x: Tensor, qw: QuantizedWeight, bias: Tensor | None = None,
+    table: DispatchTable | None = None, num_sms: int | None = None,
+) -> Tensor:
+    """y [..., N] = x[..., perm] @ W + bias on the GPU (or under TRITON_INTERPRET=1 with a table)."""
+    K = qw.in_features
+    if x.shape[-1] != K:
+        raise ValueError(f"quant_matmul: x last dim expected {K} (in_features), got {list(x.shape)}")
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, K)
+    M = x2.shape[0]
+    if M == 0:
+        return x.new_empty(*lead, qw.out_features)
+    if table is None:
+        table = device_table(x.device)
+    if num_sms is None:
+        num_sms = device_num_sms(x.device)
+    choice = choose_kernel(qw, M, table, num_sms, x.dtype)
+    return run_choice(choice, x2, qw, bias).reshape(*lead, qw.out_features)
