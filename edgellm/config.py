@@ -21,7 +21,7 @@ def _check(ok: bool, where: str, allowed: str, value: object) -> None:
 @dataclass(frozen=True, slots=True)
 class CacheConfig:
     block_size: int = 16  # tokens per KV block; the unit of allocation, hashing and swap
-    gpu_memory_utilization: float = 0.9  # fraction of device memory the engine may use (weights + activations + KV)
+    gpu_memory_utilization: float = 0.9  # share of device memory for weights + activations + KV
     swap_space: float = 4.0  # GiB of pinned CPU memory for swapped-out KV blocks; 0 disables swap
     enable_prefix_caching: bool = True  # reuse full blocks whose chained hash matches (design §4.3)
     num_gpu_blocks_override: int | None = None  # skip the memory profile and use this many device blocks
@@ -29,7 +29,8 @@ class CacheConfig:
     def __post_init__(self) -> None:
         pow2 = self.block_size >= 1 and self.block_size & (self.block_size - 1) == 0
         _check(pow2 and self.block_size <= 128, "CacheConfig.block_size", "a power of two in [1, 128]", self.block_size)
-        _check(0.0 < self.gpu_memory_utilization <= 1.0, "CacheConfig.gpu_memory_utilization", "in (0, 1]", self.gpu_memory_utilization)
+        util = self.gpu_memory_utilization
+        _check(0.0 < util <= 1.0, "CacheConfig.gpu_memory_utilization", "in (0, 1]", util)
         _check(self.swap_space >= 0.0, "CacheConfig.swap_space", "GiB >= 0", self.swap_space)
         _check(
             self.num_gpu_blocks_override is None or self.num_gpu_blocks_override >= 2,
@@ -47,8 +48,14 @@ class SchedulerConfig:
 
     def __post_init__(self) -> None:
         _check(self.max_num_seqs >= 1, "SchedulerConfig.max_num_seqs", "an integer >= 1", self.max_num_seqs)
-        _check(self.max_num_batched_tokens >= 1, "SchedulerConfig.max_num_batched_tokens", "an integer >= 1", self.max_num_batched_tokens)
-        _check(self.max_model_len is None or self.max_model_len >= 1, "SchedulerConfig.max_model_len", "None or an integer >= 1", self.max_model_len)
+        _check(
+            self.max_num_batched_tokens >= 1, "SchedulerConfig.max_num_batched_tokens", "an integer >= 1",
+            self.max_num_batched_tokens,
+        )
+        _check(
+            self.max_model_len is None or self.max_model_len >= 1, "SchedulerConfig.max_model_len",
+            "None or an integer >= 1", self.max_model_len,
+        )
         _check(self.swap_min_tokens >= 0, "SchedulerConfig.swap_min_tokens", "an integer >= 0", self.swap_min_tokens)
 
 

@@ -17,7 +17,10 @@ REPO = Path(__file__).resolve().parent.parent
 # Source folder -> installed package name (pyproject maps kernels/ and quant/ under edgellm).
 ROOTS = {"edgellm": REPO / "edgellm", "edgellm.kernels": REPO / "kernels", "edgellm.quant": REPO / "quant"}
 STDLIB = sys.stdlib_module_names
-PURE_ENGINE = [f"edgellm.engine.{m}" for m in ("scheduler", "kv_cache_manager", "block_pool", "request", "sched_output", "sampling_params")]
+PURE_ENGINE = [
+    f"edgellm.engine.{m}"
+    for m in ("scheduler", "kv_cache_manager", "block_pool", "request", "sched_output", "sampling_params")
+]
 
 
 def module_files() -> dict[str, Path]:
@@ -80,7 +83,8 @@ def test_pure_engine_modules_import_no_torch():
 
 def test_pure_engine_modules_load_without_torch():
     present = [n for n in PURE_ENGINE if n in FILES]
-    code = f"import sys; import {', '.join(present)}; print(sorted(m for m in ('torch', 'numpy', 'triton') if m in sys.modules))"
+    heavy = "('torch', 'numpy', 'triton')"
+    code = f"import sys; import {', '.join(present)}; print(sorted(m for m in {heavy} if m in sys.modules))"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
 
@@ -114,7 +118,10 @@ def test_loader_never_imports_model_or_engine():
 
 
 def test_server_talks_only_to_async_llm():
-    ok = ("edgellm.server", "edgellm.async_llm", "edgellm.engine.request", "edgellm.engine.sampling_params", "edgellm.config")
+    ok = (
+        "edgellm.server", "edgellm.async_llm", "edgellm.engine.request", "edgellm.engine.sampling_params",
+        "edgellm.config",
+    )
     names = modules("edgellm.server")
     if not names:
         pytest.skip("edgellm/server does not exist yet")

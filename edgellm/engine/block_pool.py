@@ -170,7 +170,8 @@ class BlockPool:
         if not self.enable_caching:
             return
         assert num_full_blocks <= min(len(blocks), len(block_hashes)), "caching a block that is not full"
-        for block, block_hash in zip(blocks[num_cached_blocks:num_full_blocks], block_hashes[num_cached_blocks:num_full_blocks]):
+        new = slice(num_cached_blocks, num_full_blocks)
+        for block, block_hash in zip(blocks[new], block_hashes[new]):
             assert block.block_hash is None, f"{block} is cached twice"
             block.block_hash = block_hash
             self.cached_blocks.setdefault(block_hash, {})[block.block_id] = block

@@ -1,10 +1,10 @@
 """Scheduler: the queues, the token budget and preemption. Decides what each step computes.
 
-    add_request ──► waiting ──────────────┐
-                      ▲  (recompute)       ▼
-                      └──────────────── running ──► finished (blocks freed, id in the next output)
-                         (swap) swapped ◄──┘  ▲
-                                   └──────────┘ (swap in, served before waiting)
+    add_request ──► waiting ──admit──► running ──finish──► freed, id in next finished_req_ids
+                      ▲                  │  ▲
+                      └───recompute──────┤  │
+                    swapped ◄───swap─────┘  │
+                       └─────swap in────────┘      (swapped is served before waiting)
 
 There is no prefill or decode phase (vLLM V1): every request has
 num_computed_tokens catching up with num_tokens, and one step hands out up to
@@ -41,15 +41,15 @@ class Scheduler:
         self, scheduler_config: SchedulerConfig, cache_config: CacheConfig, num_gpu_blocks: int, num_cpu_blocks: int
     ) -> None:
         if scheduler_config.max_model_len is None:
-            raise ValueError("SchedulerConfig.max_model_len: expected an integer, got None; fill it from the model config")
+            raise ValueError("SchedulerConfig.max_model_len: expected an integer, got None; set it from the model")
         self.config = scheduler_config
         self.block_size = cache_config.block_size
         self.max_model_len = scheduler_config.max_model_len
         fit_tokens = (num_gpu_blocks - 1) * self.block_size
         if fit_tokens < self.max_model_len:
             raise ValueError(
-                f"KV cache: {num_gpu_blocks - 1} blocks hold {fit_tokens} tokens < max_model_len {self.max_model_len}; "
-                "lower --max-model-len or raise --gpu-memory-utilization"
+                f"KV cache: {num_gpu_blocks - 1} blocks hold {fit_tokens} tokens < max_model_len "
+                f"{self.max_model_len}; lower --max-model-len or raise --gpu-memory-utilization"
             )
         self.kv_cache_manager = KVCacheManager(
             num_gpu_blocks, num_cpu_blocks, self.block_size, cache_config.enable_prefix_caching
@@ -66,9 +66,8 @@ class Scheduler:
 
     def add_request(self, req: Request) -> None:
         if req.num_prompt_tokens > self.max_model_len:
-            raise ValueError(
-                f"request {req.request_id}: prompt has {req.num_prompt_tokens} tokens > max_model_len {self.max_model_len}"
-            )
+            n, limit = req.num_prompt_tokens, self.max_model_len
+            raise ValueError(f"request {req.request_id}: prompt has {n} tokens > max_model_len {limit}")
         if req.request_id in self.requests:
             raise ValueError(f"request {req.request_id}: id already in use")
         assert req.block_size == self.block_size and req.status == RequestStatus.WAITING
@@ -115,12 +114,14 @@ class Scheduler:
                     break
                 self.swapped.popleft()
                 out.blocks_to_swap_in.extend(kv.swap_in(req))
-                assert kv.allocate_slots(req, n) is not None
+                new_blocks = kv.allocate_slots(req, n)
+                assert new_blocks is not None, "can_swap_in promised room"
                 self.num_swap_ins += 1
                 self._admit(out, req, n)
                 budget -= n
             while not self.swapped and self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
                 req = self.waiting[0]
+                assert req.num_computed_tokens == 0
                 hit_blocks, hit_tokens = kv.get_computed_blocks(req)
                 n = min(req.num_tokens - hit_tokens, budget)
                 if kv.allocate_slots(req, n, hit_blocks) is None:
@@ -144,9 +145,10 @@ class Scheduler:
         """Seat a request from swapped or waiting; a preempted one is resumed with its whole new block row."""
         block_ids = self.kv_cache_manager.get_block_ids(req)
         if req.status == RequestStatus.WAITING:
-            out.new_reqs.append(
-                NewRequestData(req.request_id, req.prompt_token_ids, req.sampling_params, block_ids, req.num_computed_tokens)
+            new = NewRequestData(
+                req.request_id, req.prompt_token_ids, req.sampling_params, block_ids, req.num_computed_tokens
             )
+            out.new_reqs.append(new)
         else:
             self._add_cached(out, req, block_ids, resumed=True)
         req.status = RequestStatus.RUNNING
@@ -221,9 +223,8 @@ class Scheduler:
             elif last in sp.stop_token_ids:
                 req.status = RequestStatus.FINISHED_STOPPED
                 req.stop_reason = last
-        if not req.is_finished and (
-            req.num_tokens >= self.max_model_len or (sp.max_tokens is not None and req.num_output_tokens >= sp.max_tokens)
-        ):
+        max_tokens_out = sp.max_tokens is not None and req.num_output_tokens >= sp.max_tokens
+        if not req.is_finished and (req.num_tokens >= self.max_model_len or max_tokens_out):
             req.status = RequestStatus.FINISHED_LENGTH
         return req.is_finished
 

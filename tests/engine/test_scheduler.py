@@ -395,3 +395,21 @@ def test_logprobs_follow_accepted_tokens():
     lp = TokenLogprobs([7, 8], [-0.1, -2.0])
     (o,) = sched.update_from_output(out, RunnerOutput(["r"], [[7]], [[lp]]))
     assert o.new_token_ids == [7] and o.new_logprobs == [lp] and o.finish_reason == FinishReason.LENGTH
+
+
+@pytest.mark.parametrize(
+    "build, message",
+    [
+        (lambda: CacheConfig(block_size=12), "CacheConfig.block_size: expected a power of two in [1, 128], got 12"),
+        (
+            lambda: CacheConfig(gpu_memory_utilization=1.5),
+            "CacheConfig.gpu_memory_utilization: expected in (0, 1], got 1.5",
+        ),
+        (lambda: SchedulerConfig(max_num_seqs=0), "SchedulerConfig.max_num_seqs: expected an integer >= 1, got 0"),
+        (lambda: make_scheduler(max_model_len=None), "SchedulerConfig.max_model_len: expected an integer, got None"),
+    ],
+)
+def test_config_errors_name_field_and_range(build, message):
+    with pytest.raises(ValueError) as err:
+        build()
+    assert str(err.value).startswith(message)
