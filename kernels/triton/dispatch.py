@@ -53,10 +53,12 @@ def choice_supported(choice: KernelChoice, qw: QuantizedWeight, M: int) -> bool:
     return True
 
 
-def run_choice(choice: KernelChoice, x: Tensor, qw: QuantizedWeight, bias: Tensor | None) -> Tensor:
-    """x [M, K] -> y [M, N] with the given kernel and blocks."""
+def run_choice(
+    choice: KernelChoice, x: Tensor, qw: QuantizedWeight, bias: Tensor | None, out: Tensor | None = None
+) -> Tensor:
+    """x [M, K] -> y [M, N] (written into `out` if given) with the given kernel and blocks."""
     if choice.kernel == "dequant_mm":
-        return quant_dequant_mm(x, qw, bias)
+        return quant_dequant_mm(x, qw, bias, out=out)
     kwargs = dict(
         block_m=choice.block_m, block_n=choice.block_n, block_k=choice.block_k, split_k=choice.split_k,
         num_warps=choice.num_warps, num_stages=choice.num_stages,
@@ -64,15 +66,18 @@ def run_choice(choice: KernelChoice, x: Tensor, qw: QuantizedWeight, bias: Tenso
     if choice.kernel == "gemv":
         if choice.block_m < x.shape[0]:
             kwargs["block_m"] = 1 << (x.shape[0] - 1).bit_length()
-        return quant_gemv(x, qw, bias, **kwargs)
-    return quant_gemm(x, qw, bias, **kwargs)
+        return quant_gemv(x, qw, bias, out=out, **kwargs)
+    return quant_gemm(x, qw, bias, out=out, **kwargs)
 
 
 def quant_matmul_triton(
     x: Tensor, qw: QuantizedWeight, bias: Tensor | None = None,
-    table: DispatchTable | None = None, num_sms: int | None = None,
+    table: DispatchTable | None = None, num_sms: int | None = None, out: Tensor | None = None,
 ) -> Tensor:
-    """y [..., N] = x[..., perm] @ W + bias on the GPU (or under TRITON_INTERPRET=1 with a table)."""
+    """y [..., N] = x[..., perm] @ W + bias on the GPU (or under TRITON_INTERPRET=1 with a table).
+
+    out: optional contiguous [prod(...), N] result buffer in x's dtype.
+    """
     K = qw.in_features
     if x.shape[-1] != K:
         raise ValueError(f"quant_matmul: x last dim expected {K} (in_features), got {list(x.shape)}")
@@ -86,4 +91,4 @@ def quant_matmul_triton(
     if num_sms is None:
         num_sms = device_num_sms(x.device)
     choice = choose_kernel(qw, M, table, num_sms, x.dtype)
-    return run_choice(choice, x2, qw, bias).reshape(*lead, qw.out_features)
+    return run_choice(choice, x2, qw, bias, out).reshape(*lead, qw.out_features)

@@ -7,8 +7,10 @@
      "entries": {"b4_g128_n4096_k4096": {"1": {"kernel": "gemv", "block_m": 1, ...}, "2": ...}}}
 
 Lookup: M rounds up to a bucket (M_BUCKETS; above the last, the last); the exact key wins,
-else the same (bits, group, bucket) at the nearest N*K, else `default_choice` (a heuristic,
-never a timing run: no autotuning on the request path; `tune.warmup` fills the table).
+else the same (bits, group, bucket) at the nearest N*K, else the same (bits, N, K, bucket) at
+another group size, else `default_choice` (a heuristic, never a timing run: no autotuning on
+the request path; `tune.warmup` fills the table). The dispatcher re-checks that a borrowed
+choice can tile the weight and uses `default_choice` when it cannot.
 """
 
 from __future__ import annotations
@@ -57,6 +59,9 @@ class DispatchTable:
         ]
         if near:
             return self.entries[min(near)[1]][bucket]
+        for key, r in self.entries.items():  # same bits and shape, other group size: block sizes carry over
+            if key.startswith(f"b{bits}_") and key.endswith(f"_n{N}_k{K}") and bucket in r:
+                return r[bucket]
         return default_choice(bits, group, N, K, M, num_sms)
 
     def to_json(self) -> dict:
