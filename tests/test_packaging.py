@@ -12,7 +12,7 @@ import tomllib
 import zipfile
 from pathlib import Path
 
-from conftest import REPO_ROOT
+REPO_ROOT = Path(__file__).resolve().parent.parent
 
 MAPPED = {"edgellm": "edgellm", "edgellm.kernels": "kernels", "edgellm.quant": "quant"}
 
