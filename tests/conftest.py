@@ -2,17 +2,10 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
-
-
-def fixtures_root() -> Path:
-    """../shared/fixtures beside the checkout, or $EDGELLM_FIXTURES (a GPU machine has no ../shared)."""
-    return Path(os.environ.get("EDGELLM_FIXTURES", REPO_ROOT.parent / "shared" / "fixtures"))
+from fixture_paths import fixtures_root
 
 
 @pytest.fixture(scope="session")

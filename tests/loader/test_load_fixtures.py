@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import fixtures_root
+from fixture_paths import fixtures_root
 from safetensors.torch import load_file
 
 from edgellm import load_model
