@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from edgellm.kernels.qweight import QuantizedWeight
-from edgellm.kernels.reference import unpack_codes
+from edgellm.kernels.reference import pack_codes, unpack_codes
 
 WORD_BITS = 32
 _WORD_MASK = 0xFFFFFFFF
@@ -55,6 +55,8 @@ def to_int32(words: Tensor) -> Tensor:
 
 def unpack_dense(words: Tensor, bits: int, count: int) -> Tensor:
     """int32 [W, M] packed along dim 0 -> int32 codes [count, M] (straddling allowed)."""
+    if WORD_BITS % bits == 0:  # 2/4/8-bit: nothing straddles, whole-word fields are faster
+        return unpack_sparse(words, bits, count)
     u = to_unsigned(words)
     u = torch.cat([u, torch.zeros_like(u[:1])])  # a zero word so that row r + 1 always exists
     pos = torch.arange(count, device=words.device, dtype=torch.int64) * bits
@@ -66,6 +68,8 @@ def unpack_dense(words: Tensor, bits: int, count: int) -> Tensor:
 
 def pack_dense(codes: Tensor, bits: int) -> Tensor:
     """Unsigned codes [count, M] (< 2^bits) -> int32 [dense_words(count, bits), M] packed along dim 0."""
+    if WORD_BITS % bits == 0:  # 2/4/8-bit: the same bytes as QuantizedWeight's own packing
+        return pack_codes(codes, bits)
     count, m = codes.shape
     c = codes.to(torch.int64)
     pos = torch.arange(count, device=codes.device, dtype=torch.int64) * bits

@@ -98,6 +98,13 @@ def _convert(spec: QuantSpec, prefix: str, parts: dict[str, Tensor], weight: Ten
     return _converter(spec).to_internal(parts, spec, prefix, K, N)
 
 
+@lru_cache(maxsize=None)
+def _converted(fixtures_dir: Path, name: str) -> list[tuple[str, dict[str, Tensor], Tensor, QuantizedWeight]]:
+    """`_linears` plus each Linear's QuantizedWeight, converted once per session."""
+    spec = _spec(_root(fixtures_dir) / name)
+    return [(p, parts, w, _convert(spec, p, parts, w)) for p, parts, w in _linears(fixtures_dir, name)]
+
+
 def _dense_hf(qw: QuantizedWeight) -> Tensor:
     """Dequantized weight in HF orientation [N, K], natural input order (perm undone)."""
     w = dequantize(qw)  # [K, N], sorted rows
@@ -155,8 +162,7 @@ def _assert_qw_equal(a: QuantizedWeight, b: QuantizedWeight) -> None:
 @pytest.mark.parametrize("name", QUANTIZED)
 def test_fixture_matches_base_weights(fixtures_dir: Path, name: str) -> None:
     spec = _spec(_root(fixtures_dir) / name)
-    for prefix, parts, weight in _linears(fixtures_dir, name):
-        qw = _convert(spec, prefix, parts, weight)
+    for prefix, parts, weight, qw in _converted(fixtures_dir, name):
         assert qw.scales.dtype == parts.get("scales", parts.get("weight_scale")).dtype  # never converted
         mean_abs, bias, rel = _error_steps(qw, weight, awq_folded=spec.method == QuantMethod.AWQ)
         assert mean_abs < MAX_MEAN_ABS_STEPS, f"{name} {prefix}: mean |err| = {mean_abs:.3f} scale steps"
@@ -169,9 +175,8 @@ def test_fixture_matches_base_weights(fixtures_dir: Path, name: str) -> None:
 def test_fixture_round_trips_bit_exact(fixtures_dir: Path, name: str) -> None:
     spec = _spec(_root(fixtures_dir) / name)
     conv = _converter(spec)
-    for prefix, parts, weight in _linears(fixtures_dir, name):
+    for prefix, parts, weight, qw in _converted(fixtures_dir, name):
         parts = {k: v for k, v in parts.items() if k != "bias"}
-        qw = _convert(spec, prefix, parts, weight)
         back = conv.from_internal(qw, spec)
         assert sorted(back) == sorted(parts), prefix
         for key, t in parts.items():
@@ -182,8 +187,7 @@ def test_fixture_round_trips_bit_exact(fixtures_dir: Path, name: str) -> None:
 def test_fixture_conversion_is_as_expected(fixtures_dir: Path) -> None:
     """Spot checks of what each trap turns into: act-order perm, 3-bit widening, sym zeros, gs -1."""
     def first(name: str) -> QuantizedWeight:
-        prefix, parts, weight = _linears(fixtures_dir, name)[0]
-        return _convert(_spec(_root(fixtures_dir) / name), prefix, parts, weight)
+        return _converted(fixtures_dir, name)[0][3]
 
     assert all(first(n).perm is not None for n in ("autogptq-w4-g128-asym-actorder", "ct-w4a16-g128-sym-actorder"))
     assert first("autogptq-w4-g128-sym").perm is None  # monotonic g_idx: no perm
@@ -197,10 +201,10 @@ def test_fixture_conversion_is_as_expected(fixtures_dir: Path) -> None:
 
 def test_gemv_equals_gemm(fixtures_dir: Path) -> None:
     """The GEMV fixture holds the same integers as gemm-g128 in another layout: identical dequant."""
-    spec_v, spec_m = (_spec(_root(fixtures_dir) / n) for n in ("autoawq-gemv-w4-g128", "autoawq-gemm-w4-g128"))
-    gemv, gemm = _linears(fixtures_dir, "autoawq-gemv-w4-g128"), _linears(fixtures_dir, "autoawq-gemm-w4-g128")
-    for (prefix, parts_v, weight), (_, parts_m, _) in zip(gemv, gemm):
-        _assert_qw_equal(_convert(spec_v, prefix, parts_v, weight), _convert(spec_m, prefix, parts_m, weight))
+    gemv, gemm = _converted(fixtures_dir, "autoawq-gemv-w4-g128"), _converted(fixtures_dir, "autoawq-gemm-w4-g128")
+    assert [g[0] for g in gemv] == [g[0] for g in gemm]
+    for (_, _, _, qw_v), (_, _, _, qw_m) in zip(gemv, gemm):
+        _assert_qw_equal(qw_v, qw_m)
 
 
 def _np_unpack_stream(words: np.ndarray, bits: int, count: int) -> np.ndarray:
@@ -219,7 +223,7 @@ def test_gptq_matches_independent_per_row_decode(fixtures_dir: Path, name: str) 
     """formats.md 1.2-1.5 written out in numpy with per-row g_idx lookup: equal to the converter's result."""
     spec = _spec(_root(fixtures_dir) / name)
     b = spec.bits
-    for prefix, parts, weight in _linears(fixtures_dir, name):
+    for prefix, parts, weight, qw in _converted(fixtures_dir, name):
         N, K = weight.shape
         q = _np_unpack_stream(parts["qweight"].numpy(), b, K)
         z = _np_unpack_stream(parts["qzeros"].numpy().T, b, N).T
@@ -228,7 +232,6 @@ def test_gptq_matches_independent_per_row_decode(fixtures_dir: Path, name: str) 
         g = parts["g_idx"].numpy()
         s = parts["scales"].float().numpy()
         expect = ((q - z[g]) * s[g]).astype(np.float32).T  # [N, K]
-        qw = _convert(spec, prefix, parts, weight)
         assert torch.equal(_dense_hf(qw), torch.from_numpy(expect)), prefix
         x = torch.randn(3, K)  # the perm is applied to the activations, not the outputs (T5)
         torch.testing.assert_close(quant_matmul_ref(x, qw), x @ torch.from_numpy(expect).T, rtol=1e-5, atol=1e-4)
@@ -236,9 +239,8 @@ def test_gptq_matches_independent_per_row_decode(fixtures_dir: Path, name: str) 
 
 def test_awq_matches_independent_decode(fixtures_dir: Path) -> None:
     name = "autoawq-gemm-w4-g64"
-    spec = _spec(_root(fixtures_dir) / name)
     reverse = [0, 4, 1, 5, 2, 6, 3, 7]  # column 8c+j is field reverse[j]
-    for prefix, parts, weight in _linears(fixtures_dir, name):
+    for prefix, parts, weight, qw in _converted(fixtures_dir, name):
         N, K = weight.shape
 
         def cols(words: np.ndarray) -> np.ndarray:
@@ -248,27 +250,25 @@ def test_awq_matches_independent_decode(fixtures_dir: Path) -> None:
         q, z, s = cols(parts["qweight"].numpy()), cols(parts["qzeros"].numpy()), parts["scales"].float().numpy()
         g = np.arange(K) // 64
         expect = ((q - z[g]) * s[g]).astype(np.float32).T
-        assert torch.equal(_dense_hf(_convert(spec, prefix, parts, weight)), torch.from_numpy(expect)), prefix
+        assert torch.equal(_dense_hf(qw), torch.from_numpy(expect)), prefix
 
 
 def test_compressed_tensors_matches_independent_decode(fixtures_dir: Path) -> None:
     name = "ct-w4a16-g128-asym"
-    spec = _spec(_root(fixtures_dir) / name)
-    for prefix, parts, weight in _linears(fixtures_dir, name):
+    for prefix, parts, weight, qw in _converted(fixtures_dir, name):
         N, K = weight.shape
         u = _np_unpack_stream(parts["weight_packed"].numpy().T, 4, K).T  # [N, K]
         uz = _np_unpack_stream(parts["weight_zero_point"].numpy(), 4, N)  # [N, G]
         g = np.arange(K) // 128
         s = parts["weight_scale"].float().numpy()
         expect = ((u - uz[:, g]) * s[:, g]).astype(np.float32)
-        assert torch.equal(_dense_hf(_convert(spec, prefix, parts, weight)), torch.from_numpy(expect)), prefix
+        assert torch.equal(_dense_hf(qw), torch.from_numpy(expect)), prefix
 
 
 def test_bounds_catch_zero_offset_and_perm_mistakes(fixtures_dir: Path) -> None:
     """The fixture bounds fail for the classic mistakes (T1, T5), so passing them means something."""
     name = "gptqmodel-w4-g128-asym-actorder"
-    prefix, parts, weight = _linears(fixtures_dir, name)[0]
-    qw = _convert(_spec(_root(fixtures_dir) / name), prefix, parts, weight)
+    _, _, weight, qw = _converted(fixtures_dir, name)[0]
     assert _error_steps(qw, weight, False)[0] < MAX_MEAN_ABS_STEPS
     _, bias, _ = _error_steps(dataclasses.replace(qw, zeros=qw.zeros - 1), weight, False)  # v1 offset forgotten
     assert abs(bias) > 5 * MAX_MEAN_BIAS_STEPS
@@ -278,8 +278,7 @@ def test_bounds_catch_zero_offset_and_perm_mistakes(fixtures_dir: Path) -> None:
 
 def test_bounds_catch_awq_interleave_mistakes(fixtures_dir: Path) -> None:
     name = "autoawq-gemm-w4-g128"
-    prefix, parts, weight = _linears(fixtures_dir, name)[0]
-    qw = _convert(_spec(_root(fixtures_dir) / name), prefix, parts, weight)
+    _, _, weight, qw = _converted(fixtures_dir, name)[0]
     K, N = qw.in_features, qw.out_features
     forward = [0, 2, 4, 6, 1, 3, 5, 7]  # applying the interleave instead of undoing it
     codes = unpack_codes(qw.qweight, 4, K).view(K, -1, 8)[:, :, forward].reshape(K, N)
