@@ -106,7 +106,7 @@ def measure_bandwidth(device: torch.device, gib: float = 2.0) -> tuple[float, fl
     dst = torch.empty_like(src)
     copy_us = time_cuda_graph([lambda: dst.copy_(src)], reps=10)
     out = torch.empty((), device=device, dtype=torch.float32)
-    read_us = time_cuda_graph([lambda: torch.sum(src, dtype=torch.float32, out=out)], reps=10)
+    read_us = time_cuda_graph([lambda: torch.sum(src, dim=0, dtype=torch.float32, out=out)], reps=10)
     del src, dst
     torch.cuda.empty_cache()
     return 2 * n * 2 / copy_us / 1e3, n * 2 / read_us / 1e3

@@ -23,7 +23,7 @@ from edgellm.kernels.triton.common import cdiv
 def _dequant_kernel(
     qw_ptr, s_ptr, z_ptr, w_ptr,
     N, K, group_size,
-    stride_qk, stride_qn, stride_sg, stride_sn, stride_wk, stride_wn,
+    stride_qk, stride_qn, stride_sg, stride_sn, stride_zg, stride_zn, stride_wk, stride_wn,
     BITS: tl.constexpr, HAS_ZEROS: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     PF: tl.constexpr = 32 // BITS
@@ -34,10 +34,9 @@ def _dequant_kernel(
     w = tl.load(qw_ptr + (offs_k // PF)[:, None] * stride_qk + offs_n[None, :] * stride_qn, mask=mask, other=0)
     q = ((w >> ((offs_k % PF) * BITS)[:, None]) & MASK).to(tl.float32)
     g = offs_k // group_size
-    sz = g[:, None] * stride_sg + offs_n[None, :] * stride_sn
-    s = tl.load(s_ptr + sz, mask=mask, other=0.0).to(tl.float32)
+    s = tl.load(s_ptr + g[:, None] * stride_sg + offs_n[None, :] * stride_sn, mask=mask, other=0.0).to(tl.float32)
     if HAS_ZEROS:
-        z = tl.load(z_ptr + sz, mask=mask, other=0.0).to(tl.float32)
+        z = tl.load(z_ptr + g[:, None] * stride_zg + offs_n[None, :] * stride_zn, mask=mask, other=0.0).to(tl.float32)
     else:
         z = 1 << (BITS - 1)
     out = (q - z) * s
@@ -51,7 +50,8 @@ def dequantize_triton(qw: QuantizedWeight, dtype: torch.dtype, block_k: int = 64
     zeros = qw.zeros if qw.zeros is not None else qw.scales
     _dequant_kernel[(cdiv(K, block_k), cdiv(N, block_n))](
         qw.qweight, qw.scales, zeros, w, N, K, qw.group_size,
-        qw.qweight.stride(0), qw.qweight.stride(1), qw.scales.stride(0), qw.scales.stride(1), w.stride(0), w.stride(1),
+        qw.qweight.stride(0), qw.qweight.stride(1), qw.scales.stride(0), qw.scales.stride(1),
+        zeros.stride(0), zeros.stride(1), w.stride(0), w.stride(1),
         BITS=qw.bits, HAS_ZEROS=qw.zeros is not None, BLOCK_K=block_k, BLOCK_N=block_n, num_warps=4,
     )
     return w

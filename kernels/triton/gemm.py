@@ -35,7 +35,8 @@ def _gemm_kernel(
     # sizes
     M, N, K, group_size, k_per_split, split_k,
     # strides
-    stride_xm, stride_xk, stride_qk, stride_qn, stride_sg, stride_sn, stride_ym, stride_yn,
+    stride_xm, stride_xk, stride_qk, stride_qn, stride_sg, stride_sn, stride_zg, stride_zn, stride_pk,
+    stride_ym, stride_yn,
     # meta
     BITS: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr,
     SCALE_ALIGNED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -85,17 +86,18 @@ def _gemm_kernel(
             g = tl.minimum(kb // group_size, num_groups - 1)  # past K in a short last split: x is 0 there
             s = tl.load(s_ptr + g * stride_sg + offs_n * stride_sn, mask=mask_n, other=0.0).to(tl.float32)
             if HAS_ZEROS:
-                z = tl.load(z_ptr + g * stride_sg + offs_n * stride_sn, mask=mask_n, other=0.0).to(tl.float32)
+                z = tl.load(z_ptr + g * stride_zg + offs_n * stride_zn, mask=mask_n, other=0.0).to(tl.float32)
             else:
                 z = tl.full((BLOCK_N,), 1 << (BITS - 1), tl.float32)
             w3 = u3 * (pow3 * s[None, None, :]) - (z * s)[None, None, :]
         else:
             g = (kb + offs_kw * PF) // group_size
-            sz_ptrs = g[:, None] * stride_sg + offs_n[None, :] * stride_sn
             sz_mask = (g[:, None] < num_groups) & mask_n[None, :]
-            s = tl.load(s_ptr + sz_ptrs, mask=sz_mask, other=0.0).to(tl.float32)
+            s = tl.load(s_ptr + g[:, None] * stride_sg + offs_n[None, :] * stride_sn, mask=sz_mask, other=0.0).to(tl.float32)
             if HAS_ZEROS:
-                z = tl.load(z_ptr + sz_ptrs, mask=sz_mask, other=0.0).to(tl.float32)
+                z = tl.load(
+                    z_ptr + g[:, None] * stride_zg + offs_n[None, :] * stride_zn, mask=sz_mask, other=0.0
+                ).to(tl.float32)
             else:
                 z = tl.full((BLOCK_KW, BLOCK_N), 1 << (BITS - 1), tl.float32)
             w3 = u3 * (pow3 * s[:, None, :]) - (z * s)[:, None, :]
@@ -103,7 +105,7 @@ def _gemm_kernel(
         k = kb + offs_k
         mask_k = k < k_hi
         if HAS_PERM:
-            kx = tl.load(perm_ptr + k, mask=mask_k, other=0)
+            kx = tl.load(perm_ptr + k * stride_pk, mask=mask_k, other=0)
         else:
             kx = k
         a = tl.load(
@@ -154,7 +156,8 @@ def quant_gemm(
         x, qw.qweight, qw.scales, zeros, perm, bias if bias is not None else y, y, ws, locks,
         M, N, K, qw.group_size, k_per_split, split_k,
         x.stride(0), x.stride(1), qw.qweight.stride(0), qw.qweight.stride(1),
-        qw.scales.stride(0), qw.scales.stride(1), y.stride(0), y.stride(1),
+        qw.scales.stride(0), qw.scales.stride(1), zeros.stride(0), zeros.stride(1), perm.stride(0),
+        y.stride(0), y.stride(1),
         BITS=qw.bits, HAS_ZEROS=qw.zeros is not None, HAS_PERM=qw.perm is not None, HAS_BIAS=bias is not None,
         SCALE_ALIGNED=aligned, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=group_m,
         USE_SPLIT=split_k > 1, num_warps=num_warps, num_stages=num_stages,

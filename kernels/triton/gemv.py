@@ -35,7 +35,8 @@ def _gemv_kernel(
     # sizes
     M, N, K, group_size, k_per_split, split_k,
     # strides
-    stride_xm, stride_xk, stride_qk, stride_qn, stride_sg, stride_sn, stride_ym, stride_yn,
+    stride_xm, stride_xk, stride_qk, stride_qn, stride_sg, stride_sn, stride_zg, stride_zn, stride_pk,
+    stride_ym, stride_yn,
     # meta
     BITS: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr,
     SCALE_ALIGNED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr,
@@ -75,36 +76,37 @@ def _gemv_kernel(
             k = kb + offs_kw * PF + f
             mask_k = k < k_hi
             if HAS_PERM:
-                kx = tl.load(perm_ptr + k, mask=mask_k, other=0)
+                kx = tl.load(perm_ptr + k * stride_pk, mask=mask_k, other=0)
             else:
                 kx = k
             x_f = tl.load(
                 x_ptr + offs_m[:, None] * stride_xm + kx[None, :] * stride_xk,
                 mask=mask_m[:, None] & mask_k[None, :], other=0.0,
             ).to(tl.float32)
-            BF: tl.constexpr = (f % HALF) * BITS
+            bf = (f % HALF) * BITS  # constexpr: f is a static_range index
             if f < HALF:
                 base = w
             else:
                 base = w_hi
-            u = ((base & (MASK << BF)) | 0x3F800000).to(tl.float32, bitcast=True) - 1.0
-            t += (x_f * (1 << (23 - BF)))[:, :, None] * u[None, :, :]
+            u = ((base & (MASK << bf)) | 0x3F800000).to(tl.float32, bitcast=True) - 1.0
+            t += (x_f * (1 << (23 - bf)))[:, :, None] * u[None, :, :]
             xs += x_f
         if SCALE_ALIGNED:
             g = tl.minimum(kb // group_size, num_groups - 1)  # past K in a short last split: x is 0 there
             s = tl.load(s_ptr + g * stride_sg + offs_n * stride_sn, mask=mask_n, other=0.0).to(tl.float32)
             if HAS_ZEROS:
-                z = tl.load(z_ptr + g * stride_sg + offs_n * stride_sn, mask=mask_n, other=0.0).to(tl.float32)
+                z = tl.load(z_ptr + g * stride_zg + offs_n * stride_zn, mask=mask_n, other=0.0).to(tl.float32)
             else:
                 z = tl.full((BLOCK_N,), 1 << (BITS - 1), tl.float32)
             acc += s[None, None, :] * t - (z * s)[None, None, :] * xs[:, :, None]
         else:
             g = (kb + offs_kw * PF) // group_size
-            sz_ptrs = g[:, None] * stride_sg + offs_n[None, :] * stride_sn
             sz_mask = (g[:, None] < num_groups) & mask_n[None, :]
-            s = tl.load(s_ptr + sz_ptrs, mask=sz_mask, other=0.0).to(tl.float32)
+            s = tl.load(s_ptr + g[:, None] * stride_sg + offs_n[None, :] * stride_sn, mask=sz_mask, other=0.0).to(tl.float32)
             if HAS_ZEROS:
-                z = tl.load(z_ptr + sz_ptrs, mask=sz_mask, other=0.0).to(tl.float32)
+                z = tl.load(
+                    z_ptr + g[:, None] * stride_zg + offs_n[None, :] * stride_zn, mask=sz_mask, other=0.0
+                ).to(tl.float32)
             else:
                 z = tl.full((BLOCK_KW, BLOCK_N), 1 << (BITS - 1), tl.float32)
             acc += s[None, :, :] * t - (z * s)[None, :, :] * xs[:, :, None]
@@ -154,7 +156,8 @@ def quant_gemv(
         x, qw.qweight, qw.scales, zeros, perm, bias if bias is not None else y, y, ws, locks,
         M, N, K, qw.group_size, k_per_split, split_k,
         x.stride(0), x.stride(1), qw.qweight.stride(0), qw.qweight.stride(1),
-        qw.scales.stride(0), qw.scales.stride(1), y.stride(0), y.stride(1),
+        qw.scales.stride(0), qw.scales.stride(1), zeros.stride(0), zeros.stride(1), perm.stride(0),
+        y.stride(0), y.stride(1),
         BITS=qw.bits, HAS_ZEROS=qw.zeros is not None, HAS_PERM=qw.perm is not None, HAS_BIAS=bias is not None,
         SCALE_ALIGNED=aligned, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_KW=block_k // pf, USE_SPLIT=split_k > 1,
         num_warps=num_warps, num_stages=num_stages,

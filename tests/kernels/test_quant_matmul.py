@@ -114,6 +114,8 @@ def test_kernel_families(triton_mods, kernel, bm, bn, bk, split, M):
 
     seed = seed_of("family", kernel, bk, split)
     qw = make_weight(K_ODD, N_ODD, 4, 32, True, True, seed)
+    # zeros as a transposed view (converters may hand those over): kernels must use its strides
+    qw = QuantizedWeight(qw.qweight, qw.scales, qw.zeros.t().contiguous().t(), 4, 32, qw.perm, K_ODD)
     gen = torch.Generator().manual_seed(seed + 1)
     x = torch.randn(M, K_ODD, generator=gen).half()
     bias = torch.randn(N_ODD, generator=gen).half()
