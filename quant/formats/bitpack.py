@@ -6,10 +6,10 @@ global bits [b*i, b*i + b). For b in {2, 4, 8} this is "field i % pf of word i /
 for b = 3 (and 5, 6, 7) codes straddle words ("dense" packing, AutoGPTQ/GPTQModel
 3-bit and compressed-tensors >= 0.19):
 
-    word 0                          word 1                          word 2
-    bit 0                       31  bit 0                       31  bit 0                       31
-    |c0 |c1 |...|c9 |c10|           |c|c11|...|c20|c21              |c21|c22|...|c31|
-    `--- 3 bits each ---'^^ 2 bits   ^ 1 bit of c10, c21's bit 0 at 31  ^^ bits 1-2 of c21
+    3-bit, one block of 32 codes in 3 words (bit 0 on the left):
+    word 0 | c0  c1 ... c9  | c10 bits 0-1 |
+    word 1 | c10 bit 2 | c11 ... c20 | c21 bit 0 |
+    word 2 | c21 bits 1-2 | c22 ... c31 |
 
 "Sparse" packing (old compressed-tensors 3-bit) puts floor(32 / b) codes in a word and
 leaves the top bits unused: code i is field i % (32 // b) of word i // (32 // b).

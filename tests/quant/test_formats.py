@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from functools import lru_cache
 from pathlib import Path
 from types import ModuleType
@@ -27,13 +26,12 @@ from edgellm.kernels.qweight import QuantizedWeight
 from edgellm.kernels.reference import dequantize, pack_codes, quant_matmul_ref, unpack_codes
 from edgellm.quant.formats import awq, compressed_tensors, gptq
 from edgellm.quant.spec import QuantMethod, QuantSpec
+from fixture_paths import fixtures_root
 
 MAX_MEAN_ABS_STEPS = 0.5  # mean |err| / s over a layer
 MAX_MEAN_BIAS_STEPS = 0.1  # |mean err / s| over a layer
 MAX_REL_ERR = {2: 1.0, 3: 0.45, 4: 0.25, 8: 0.015}  # ||err|| / ||W|| (GPTQ and compressed-tensors)
-# Same location rule as tests/conftest.py's fixtures_dir, needed at collection time for parametrize.
-_FIXTURES = Path(os.environ.get("EDGELLM_FIXTURES", Path(__file__).resolve().parents[2].parent / "shared" / "fixtures"))
-QUANTIZED = sorted(p.name for p in (_FIXTURES / "quantized").glob("*") if p.is_dir())
+QUANTIZED = sorted(p.name for p in (fixtures_root() / "quantized").glob("*") if p.is_dir())  # for parametrize
 
 
 def test_every_fixture_is_collected(fixtures_dir: Path) -> None:
