@@ -187,8 +187,9 @@ def integer_zeros(qw: QuantizedWeight, bits: int) -> Tensor:
 def natural_codes(qw: QuantizedWeight, bits: int) -> Tensor:
     """qw's codes as int32 [K, N] in natural row order (perm undone), checked to be `bits`-bit codes."""
     codes = unpack_codes(qw.qweight, qw.bits, qw.in_features)
-    if int(codes.max()) >= 1 << bits:
-        raise ValueError(f"QuantizedWeight.qweight: codes must be < {1 << bits} to be stored as {bits}-bit, got {int(codes.max())}")
+    largest = int(codes.max())
+    if largest >= 1 << bits:
+        raise ValueError(f"QuantizedWeight.qweight: codes must be < {1 << bits} to be stored as {bits}-bit, got {largest}")
     if qw.perm is None:
         return codes
     natural = torch.empty_like(codes)

@@ -289,12 +289,13 @@ def test_wrong_shape_names_tensor_expected_and_got() -> None:
 
 
 def test_shapes_are_checked_against_config_dims() -> None:
-    raises(r"\.qweight: expected \[32, 256\] int32, got \[64, 256\] int32", gptq, valid_gptq(), gptq_spec(4, 128, False), 256, 256)
+    spec = gptq_spec(4, 128, False)
+    raises(r"\.qweight: expected \[32, 256\] int32, got \[64, 256\] int32", gptq, valid_gptq(), spec, 256, 256)
     tensors = valid_gptq()
     tensors["qzeros"] = tensors["qzeros"][:, :31].contiguous()
-    raises(r"\.qzeros: expected \[4, 32\] int32, got \[4, 31\] int32", gptq, tensors, gptq_spec(4, 128, False), 512, 256)
-    raises(r"\.g_idx: expected \[512\] int32", gptq, valid_gptq() | {"g_idx": torch.zeros(511, dtype=torch.int32)},
-           gptq_spec(4, 128, False), 512, 256)
+    raises(r"\.qzeros: expected \[4, 32\] int32, got \[4, 31\] int32", gptq, tensors, spec, 512, 256)
+    short_g_idx = valid_gptq() | {"g_idx": torch.zeros(511, dtype=torch.int32)}
+    raises(r"\.g_idx: expected \[512\] int32, got \[511\] int32", gptq, short_g_idx, spec, 512, 256)
 
 
 def test_wrong_dtypes_are_refused() -> None:
@@ -334,7 +335,8 @@ def test_unsupported_bits_and_formats() -> None:
     raises(r"GPTQ checkpoint format .* got 'marlin'", gptq, valid_gptq(), gptq_spec(4, 128, False, fmt="marlin"), 512, 256)
     awq_tensors = {"qweight": torch.zeros(512, 32, dtype=torch.int32), "scales": torch.ones(4, 256, dtype=torch.float16)}
     raises(r"AWQ bits expected 4, got 8", awq, awq_tensors, QuantSpec(QuantMethod.AWQ, 8, 128, True, False, "gemm"), 512, 256)
-    raises(r"'gemv_fast' is not supported", awq, awq_tensors, QuantSpec(QuantMethod.AWQ, 4, 128, True, False, "gemv_fast"), 512, 256)
+    gemv_fast = QuantSpec(QuantMethod.AWQ, 4, 128, True, False, "gemv_fast")
+    raises(r"AWQ version 'gemv_fast' is not supported", awq, awq_tensors, gemv_fast, 512, 256)
     raises(r"AWQ GEMV group_size expected 32, 64 or >= 128, got 16", awq, awq_tensors,
            QuantSpec(QuantMethod.AWQ, 4, 16, True, False, "gemv"), 512, 256)
     q, z, s = random_quant(64, 32, 32, 4, seed=21, zero_range=(0, 15))
@@ -354,7 +356,8 @@ def test_compressed_tensors_refusals() -> None:
     q, z, s = random_quant(K, N, gs, 3, seed=22, zero_range=(0, 7))
     spec = ct_spec(3, gs, sym=False)
     tensors = ct_tensors(q, z, s, 3, K, N)
-    raises(r"\.weight_shape: expected \[40, 200\]", compressed_tensors, tensors | {"weight_shape": torch.tensor([40, 199])}, spec, K, N)
+    wrong_shape = tensors | {"weight_shape": torch.tensor([40, 199])}
+    raises(r"\.weight_shape: expected \[40, 200\]", compressed_tensors, wrong_shape, spec, K, N)
     raises(r"\.weight_zero_point: missing", compressed_tensors,
            {k: v for k, v in tensors.items() if k != "weight_zero_point"}, spec, K, N)
     raises(r"\.weight_packed: expected \[40, 19\] int32 \(or \[40, 20\] with 10 codes per word\), got \[40, 18\] int32",
