@@ -82,3 +82,18 @@ def test_autogptq_zero_biases_are_dropped(fixtures_dir: Path) -> None:
     model = load_model(fixtures_dir / "quantized" / "autogptq-w4-g128-sym")
     assert model.model.layers[0].self_attn.q_proj.bias is None
     assert model.model.layers[0].self_attn.q_proj.qweight.bits == 4
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("name", _fixture_dirs())
+def test_fixture_logits_on_cuda(fixtures_dir: Path, name: str) -> None:
+    """device="cuda": no dequantized cache, every quantized Linear runs through quant_matmul."""
+    key, tol = _expected(name)
+    ref = load_file(fixtures_dir / name / "reference.safetensors")
+    model = load_model(fixtures_dir / name, device="cuda")
+    quantized = [m for m in model.modules() if isinstance(m, QuantLinear) and m.qweight is not None]
+    assert all(m.weight is None and m.qweight.device.type == "cuda" for m in quantized)
+    logits = model(ref["input_ids"].cuda()).cpu()
+    err = (logits - ref[key]).abs().max().item()
+    assert err < tol, f"{name}: max-abs {err:.3g} vs {key} on CUDA, tolerance {tol}"
