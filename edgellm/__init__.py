@@ -14,4 +14,12 @@ def __getattr__(name: str):
         from edgellm.loader.load import load_model
 
         return load_model
+    if name == "LLM":
+        from edgellm.llm import LLM
+
+        return LLM
+    if name == "SamplingParams":
+        from edgellm.engine.sampling_params import SamplingParams
+
+        return SamplingParams
     raise AttributeError(f"module 'edgellm' has no attribute {name!r}")

@@ -2,8 +2,8 @@
 
 Order, as vLLM V1 `v1/sample/sampler.py`:
 
-    logits (fp32) -> penalties -> greedy rows: argmax
-                              \-> temperature -> min_p -> top_k -> top_p -> argmax(p / Exp(1))
+    logits (fp32) -> penalties -+-> greedy rows: argmax
+                                +-> temperature -> min_p -> top_k -> top_p -> argmax(p / Exp(1))
 
 The exponential race picks token t with probability p_t and needs no host sync
 (gpt-fast `multinomial_sample_one_no_sync`). Each seeded request draws its Exp(1)
