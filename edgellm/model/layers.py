@@ -15,9 +15,9 @@ from edgellm.kernels import reference
 from edgellm.kernels.qweight import QuantizedWeight
 from edgellm.kernels.quant_matmul import quant_matmul
 from edgellm.model.config import ModelConfig, RopeConfig
+from edgellm.model.forward_context import ForwardContext
 
 DEQUANT_BLOCK_N = 1024  # output columns dequantized at a time when caching a CPU weight
-from edgellm.model.forward_context import ForwardContext
 
 
 class RMSNorm(nn.Module):
