@@ -104,7 +104,7 @@ def candidates(bits: int, group: int, N: int, K: int, M: int, num_sms: int) -> l
                     out.append(KernelChoice("gemv", bm, bn, bk, split, 8 if bn == 256 else 4, 3))
     bk_main = 32 * pf if bits != 2 else 16 * pf  # 128 codes at 4-bit, 64 at 2-bit... clipped below
     bk_main = min(bk_main, 256) if bits == 2 else bk_main
-    if M >= 8:
+    if M >= 2:
         bm = min(128, max(16, 1 << (M - 1).bit_length()))
         if M <= 64:
             for bn in (64, 128):
