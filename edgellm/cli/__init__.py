@@ -13,8 +13,10 @@ def main() -> None:
 
 from edgellm.cli.bench import bench  # noqa: E402
 from edgellm.cli.eval import eval_group  # noqa: E402  (commands register after the group exists)
+from edgellm.cli.generate import generate  # noqa: E402
 from edgellm.cli.pull import pull  # noqa: E402
 
 main.add_command(pull)
 main.add_command(bench)
 main.add_command(eval_group)
+main.add_command(generate)
