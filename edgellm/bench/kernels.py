@@ -87,7 +87,7 @@ def random_weight(K: int, N: int, bits: int, group_size: int, sym: bool, act_ord
 
         spec = QuantSpec(QuantMethod.GPTQ, bits, group_size, sym, act_order, "gptq")
         tensors = gptq.from_internal(qw, spec)
-        back = gptq.to_internal(tensors, spec, "bench", K, N)
+        back = gptq.to_internal(tensors, spec, "bench", K, N).to(device)
         return back, "GPTQ converter (from_internal -> to_internal)"
     except ImportError:
         return qw, "kernels.reference.pack_codes (GPTQ converter not importable)"

@@ -9,8 +9,12 @@ mantissa of 1.0f:
     u = that - 1.0                       ==  q * 2^(bf - 23)           (exact, Sterbenz)
 
 so one LOP3 and one FADD give q up to a power of two, which is folded into the activation
-(GEMV) or into the scale (GEMM). Fields at bf >= 16 are read from `word >> 16` instead, so
+(3-D GEMV) or into the scale (GEMM). Fields at bf >= 16 are read from `word >> 16` instead, so
 every field of a 2-, 4- or 8-bit word fits inside the 23-bit mantissa.
+
+The M = 1 GEMV moves each field to the top of the mantissa instead (one SHF, one LOP3):
+v = 1 + q / 2^b in [1, 2), t = sum x * v, and sum x * q = 2^b * (t - sum x), with no
+per-field scaling of x and no FADD per code.
 
 Split-K (USE_SPLIT, split_k > 1) in ONE launch: each program writes its fp32 partial tile to a
 scratch `ws [split_k, M, N]`, then bumps a per-tile counter; the program that arrives last
@@ -26,6 +30,9 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+# bits of 1.0f, passed as a kernel argument: as a register operand it lets ptxas fuse
+# `(w & mask) | magic` into one LOP3 (with two immediates it emits two)
+MAGIC_ONE = 0x3F800000
 NUM_LOCKS = 1 << 18  # tiles of one launch; more tiles -> the launcher uses SPLIT_K = 1
 _LOCKS: dict[torch.device, Tensor] = {}  # one per device, allocated once (before graph capture)
 

@@ -25,7 +25,7 @@ import triton.language as tl
 from torch import Tensor
 
 from edgellm.kernels.qweight import QuantizedWeight
-from edgellm.kernels.triton.common import NUM_LOCKS, cdiv, split_k_locks, store_tile
+from edgellm.kernels.triton.common import MAGIC_ONE, NUM_LOCKS, cdiv, split_k_locks, store_tile
 
 
 @triton.jit
@@ -36,7 +36,7 @@ def _gemm_kernel(
     M, N, K, group_size, k_per_split, split_k,
     # strides
     stride_xm, stride_xk, stride_qk, stride_qn, stride_sg, stride_sn, stride_zg, stride_zn, stride_pk,
-    stride_ym, stride_yn,
+    stride_ym, stride_yn, magic,
     # meta
     BITS: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr,
     SCALE_ALIGNED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -81,7 +81,7 @@ def _gemm_kernel(
             qw_ptr + rows[:, None] * stride_qk + offs_n[None, :] * stride_qn,
             mask=(rows[:, None] < num_rows) & mask_n[None, :], other=0,
         )
-        u3 = (((w[:, None, :] >> hi3) & mask3) | 0x3F800000).to(tl.float32, bitcast=True) - 1.0
+        u3 = (((w[:, None, :] >> hi3) & mask3) | magic).to(tl.float32, bitcast=True) - 1.0
         if SCALE_ALIGNED:
             g = tl.minimum(kb // group_size, num_groups - 1)  # past K in a short last split: x is 0 there
             s = tl.load(s_ptr + g * stride_sg + offs_n * stride_sn, mask=mask_n, other=0.0).to(tl.float32)
@@ -157,7 +157,7 @@ def quant_gemm(
         M, N, K, qw.group_size, k_per_split, split_k,
         x.stride(0), x.stride(1), qw.qweight.stride(0), qw.qweight.stride(1),
         qw.scales.stride(0), qw.scales.stride(1), zeros.stride(0), zeros.stride(1), perm.stride(0),
-        y.stride(0), y.stride(1),
+        y.stride(0), y.stride(1), MAGIC_ONE,
         BITS=qw.bits, HAS_ZEROS=qw.zeros is not None, HAS_PERM=qw.perm is not None, HAS_BIAS=bias is not None,
         SCALE_ALIGNED=aligned, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=group_m,
         USE_SPLIT=split_k > 1, num_warps=num_warps, num_stages=num_stages,

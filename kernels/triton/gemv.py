@@ -32,7 +32,7 @@ import triton.language as tl
 from torch import Tensor
 
 from edgellm.kernels.qweight import QuantizedWeight
-from edgellm.kernels.triton.common import NUM_LOCKS, cdiv, split_k_locks, store_tile
+from edgellm.kernels.triton.common import MAGIC_ONE, NUM_LOCKS, cdiv, split_k_locks, store_tile
 
 
 @triton.jit
@@ -43,7 +43,7 @@ def _gemv_kernel(
     M, N, K, group_size, k_per_split, split_k,
     # strides
     stride_xm, stride_xk, stride_qk, stride_qn, stride_sg, stride_sn, stride_zg, stride_zn, stride_pk,
-    stride_ym, stride_yn,
+    stride_ym, stride_yn, magic,
     # meta
     BITS: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr,
     SCALE_ALIGNED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr,
@@ -98,7 +98,7 @@ def _gemv_kernel(
                 base = w
             else:
                 base = w_hi
-            u = ((base & (MASK << bf)) | 0x3F800000).to(tl.float32, bitcast=True) - 1.0
+            u = ((base & (MASK << bf)) | magic).to(tl.float32, bitcast=True) - 1.0
             t += (x_f * (1 << (23 - bf)))[:, None, :] * u[None, :, :]
             xs += x_f
         if SCALE_ALIGNED:
@@ -132,15 +132,15 @@ def _gemv1_kernel(  # M == 1
     x_ptr, qw_ptr, s_ptr, z_ptr, perm_ptr, bias_ptr, y_ptr, ws_ptr, lock_ptr,
     M, N, K, group_size, k_per_split, split_k,
     stride_xm, stride_xk, stride_qk, stride_qn, stride_sg, stride_sn, stride_zg, stride_zn, stride_pk,
-    stride_ym, stride_yn,
+    stride_ym, stride_yn, magic,
     BITS: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr,
     SCALE_ALIGNED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr,
     USE_SPLIT: tl.constexpr,
 ):
     PF: tl.constexpr = 32 // BITS
-    HALF: tl.constexpr = PF // 2
     MASK: tl.constexpr = (1 << BITS) - 1
     BLOCK_K: tl.constexpr = BLOCK_KW * PF
+    TOP: tl.constexpr = 23 - BITS
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -158,25 +158,26 @@ def _gemv1_kernel(  # M == 1
         rows = kb // PF + offs_kw
         w = tl.load(qw_ptr + rows[:, None] * stride_qk + offs_n[None, :] * stride_qn,
                     mask=(rows[:, None] < num_rows) & mask_n[None, :], other=0)
-        w_hi = w >> 16
         t = tl.zeros((BLOCK_KW, BLOCK_N), dtype=tl.float32)
         xs = tl.zeros((BLOCK_KW,), dtype=tl.float32)
+        k_row = kb + offs_kw * PF  # first code of each word row
+        x_row = x_ptr + k_row * stride_xk  # fields are constant offsets from here (no perm)
         for f in tl.static_range(PF):
-            k = kb + offs_kw * PF + f
-            mask_k = k < k_hi
+            mask_k = k_row + f < k_hi
             if HAS_PERM:
-                kx = tl.load(perm_ptr + k * stride_pk, mask=mask_k, other=0)
+                kx = tl.load(perm_ptr + (k_row + f) * stride_pk, mask=mask_k, other=0)
+                x_f = tl.load(x_ptr + kx * stride_xk, mask=mask_k, other=0.0).to(tl.float32)
             else:
-                kx = k
-            x_f = tl.load(x_ptr + kx * stride_xk, mask=mask_k, other=0.0).to(tl.float32)
-            bf = (f % HALF) * BITS  # constexpr: f is a static_range index
-            if f < HALF:
-                base = w
+                x_f = tl.load(x_row + f * stride_xk, mask=mask_k, other=0.0).to(tl.float32)
+            # field f -> mantissa bits [23-BITS, 23): one shift, one LOP3 (magic is a register)
+            if TOP - f * BITS >= 0:
+                moved = w << (TOP - f * BITS)
             else:
-                base = w_hi
-            u = ((base & (MASK << bf)) | 0x3F800000).to(tl.float32, bitcast=True) - 1.0
-            t += (x_f * (1 << (23 - bf)))[:, None] * u
+                moved = w >> (f * BITS - TOP)
+            v = ((moved & (MASK << TOP)) | magic).to(tl.float32, bitcast=True)  # 1 + q / 2^BITS
+            t += x_f[:, None] * v
             xs += x_f
+        d = t - xs[:, None]  # sum x * q / 2^BITS
         if SCALE_ALIGNED:
             g = tl.minimum(kb // group_size, num_groups - 1)  # past K in a short last split: x is 0 there
             s = tl.load(s_ptr + g * stride_sg + offs_n * stride_sn, mask=mask_n, other=0.0).to(tl.float32)
@@ -184,7 +185,7 @@ def _gemv1_kernel(  # M == 1
                 z = tl.load(z_ptr + g * stride_zg + offs_n * stride_zn, mask=mask_n, other=0.0).to(tl.float32)
             else:
                 z = tl.full((BLOCK_N,), 1 << (BITS - 1), tl.float32)
-            acc += s[None, :] * t - (z * s)[None, :] * xs[:, None]
+            acc += (s * (1 << BITS))[None, :] * d - (z * s)[None, :] * xs[:, None]
         else:
             g = (kb + offs_kw * PF) // group_size
             sz_mask = (g[:, None] < num_groups) & mask_n[None, :]
@@ -195,7 +196,7 @@ def _gemv1_kernel(  # M == 1
                 ).to(tl.float32)
             else:
                 z = tl.full((BLOCK_KW, BLOCK_N), 1 << (BITS - 1), tl.float32)
-            acc += s * t - (z * s) * xs[:, None]
+            acc += (s * (1 << BITS)) * d - (z * s) * xs[:, None]
     y = tl.sum(acc, axis=0)[None, :]  # [1, BLOCK_N]
     offs_m = tl.arange(0, 1)
     store_tile(y, offs_m, offs_n, M, N, y_ptr, stride_ym, stride_yn, bias_ptr, ws_ptr, lock_ptr,
@@ -243,7 +244,7 @@ def quant_gemv(
         M, N, K, qw.group_size, k_per_split, split_k,
         x.stride(0), x.stride(1), qw.qweight.stride(0), qw.qweight.stride(1),
         qw.scales.stride(0), qw.scales.stride(1), zeros.stride(0), zeros.stride(1), perm.stride(0),
-        y.stride(0), y.stride(1),
+        y.stride(0), y.stride(1), MAGIC_ONE,
         BITS=qw.bits, HAS_ZEROS=qw.zeros is not None, HAS_PERM=qw.perm is not None, HAS_BIAS=bias is not None,
         SCALE_ALIGNED=aligned, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_KW=block_k // pf, USE_SPLIT=split_k > 1,
         num_warps=num_warps, num_stages=num_stages,

@@ -92,29 +92,33 @@ def candidates(bits: int, group: int, N: int, K: int, M: int, num_sms: int) -> l
     splits = (1, 2, 4, 8)
     if M <= 8:
         bm = 1 << (M - 1).bit_length()
-        shapes = {1: ((64, 8), (64, 16), (128, 8), (128, 16), (256, 8), (256, 16))}.get(
-            bm, ((64, 16), (128, 16)) if bm <= 4 else ((64, 8),)
-        )
-        for bn, kw in shapes:
+        if bm == 1:
+            shapes = [(bn, kw, w, st) for bn, kw in ((64, 8), (64, 16), (128, 4), (128, 8), (128, 16), (256, 8))
+                      for w, st in ((4, 2), (4, 3))] + [(128, 16, 8, 3), (256, 16, 8, 3), (64, 16, 2, 3)]
+        elif bm <= 4:
+            shapes = [(64, 16, 4, 3), (128, 16, 4, 3)]
+        else:
+            shapes = [(64, 8, 4, 3)]
+        for bn, kw, warps, stages in shapes:
             bk = kw * pf
             if not tileable(bk):
                 continue
-            for split in splits:
+            for split in (1, 2, 4, 8, 16):
                 if split == 1 or K // split >= 2 * bk:
-                    out.append(KernelChoice("gemv", bm, bn, bk, split, 8 if bn == 256 else 4, 3))
+                    out.append(KernelChoice("gemv", bm, bn, bk, split, warps, stages))
     bk_main = 32 * pf if bits != 2 else 16 * pf  # 128 codes at 4-bit, 64 at 2-bit... clipped below
     bk_main = min(bk_main, 256) if bits == 2 else bk_main
     if M >= 2:
         bm = min(128, max(16, 1 << (M - 1).bit_length()))
         if M <= 64:
-            for bn in (64, 128):
+            for bn in (32, 64, 128):
                 bk = bk_main if tileable(bk_main) else default_choice(bits, group, N, K, M, num_sms).block_k
                 for split in splits:
-                    if split > 1 and (K // split < 2 * bk or -(-M // bm) * -(-N // bn) * split > 4 * num_sms):
+                    if split > 1 and (K // split < 2 * bk or -(-M // bm) * -(-N // bn) * split > 8 * num_sms):
                         continue
                     out.append(KernelChoice("gemm", bm, bn, bk, split, 4 if bm * bn <= 64 * 64 else 8, 3))
         else:
-            for bm_, bn, warps in ((64, 128, 4), (128, 128, 8), (128, 256, 8)):
+            for bm_, bn, warps in ((64, 128, 4), (128, 128, 8), (128, 256, 8), (256, 128, 8)):
                 for bk in (64, 128):
                     if bk % pf or not tileable(bk):
                         continue
