@@ -155,10 +155,8 @@ class Attention(nn.Module):
 
     def attend_paged(self, q: Tensor, k: Tensor, v: Tensor, ctx: ForwardContext, kv_cache: Tensor) -> Tensor:
         """q [T, Hq, D], k/v [T, Hkv, D]; kv_cache [2, num_blocks, block_size, Hkv, D] of this layer."""
-        reference.write_kv(kv_cache[0], kv_cache[1], k, v, ctx.slot_mapping)
-        return reference.paged_attention(
-            q, kv_cache[0], kv_cache[1], ctx.block_tables, ctx.seq_lens, ctx.query_start_loc, self.scale
-        )  # [T, Hq, D]
+        ctx.plan.write(kv_cache[0], kv_cache[1], k, v)
+        return ctx.plan.attend(q, kv_cache[0], kv_cache[1], self.scale)  # [T, Hq, D]
 
     def forward(
         self, x: Tensor, positions: Tensor, ctx: ForwardContext | None = None, kv_cache: Tensor | None = None
