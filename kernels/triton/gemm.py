@@ -29,6 +29,14 @@ from edgellm.kernels.triton.common import MAGIC_ONE, NUM_LOCKS, cdiv, split_k_lo
 
 
 @triton.jit
+def _load_x_perm(x_ptr, perm_ptr, offs_m, mask_m, k, k_hi, stride_xm, stride_xk, stride_pk):
+    """x[m, perm[k]] for a [BLOCK_M] x [BLOCK_K] tile; 0 where k >= k_hi."""
+    mask_k = k < k_hi
+    kx = tl.load(perm_ptr + k * stride_pk, mask=mask_k, other=0)
+    return tl.load(x_ptr + offs_m[:, None] * stride_xm + kx[None, :] * stride_xk, mask=mask_m[:, None] & mask_k[None, :], other=0.0)
+
+
+@triton.jit
 def _gemm_kernel(
     # pointers
     x_ptr, qw_ptr, s_ptr, z_ptr, perm_ptr, bias_ptr, y_ptr, ws_ptr, lock_ptr,
@@ -74,8 +82,17 @@ def _gemm_kernel(
     k_lo = pid_k * k_per_split
     k_hi = tl.minimum(K, k_lo + k_per_split)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if HAS_PERM:
+        # act-order: the gathered activations are 2-byte loads, which the pipeliner cannot turn
+        # into cp.async, so they are fetched one K step ahead by hand (register double buffer)
+        a_next = _load_x_perm(x_ptr, perm_ptr, offs_m, mask_m, k_lo + offs_k, k_hi, stride_xm, stride_xk, stride_pk)
     for k_off in range(0, k_per_split, BLOCK_K):
         kb = k_lo + k_off
+        if HAS_PERM:
+            a = a_next
+            a_next = _load_x_perm(
+                x_ptr, perm_ptr, offs_m, mask_m, kb + BLOCK_K + offs_k, k_hi, stride_xm, stride_xk, stride_pk
+            )
         rows = kb // PF + offs_kw
         w = tl.load(
             qw_ptr + rows[:, None] * stride_qk + offs_n[None, :] * stride_qn,
@@ -102,16 +119,12 @@ def _gemm_kernel(
                 z = tl.full((BLOCK_KW, BLOCK_N), 1 << (BITS - 1), tl.float32)
             w3 = u3 * (pow3 * s[:, None, :]) - (z * s)[:, None, :]
         b = tl.reshape(w3, (BLOCK_K, BLOCK_N)).to(x_ptr.dtype.element_ty)
-        k = kb + offs_k
-        mask_k = k < k_hi
-        if HAS_PERM:
-            kx = tl.load(perm_ptr + k * stride_pk, mask=mask_k, other=0)
-        else:
-            kx = k
-        a = tl.load(
-            x_ptr + offs_m[:, None] * stride_xm + kx[None, :] * stride_xk,
-            mask=mask_m[:, None] & mask_k[None, :], other=0.0,
-        )
+        if not HAS_PERM:
+            k = kb + offs_k
+            a = tl.load(
+                x_ptr + offs_m[:, None] * stride_xm + k[None, :] * stride_xk,
+                mask=mask_m[:, None] & (k < k_hi)[None, :], other=0.0,
+            )
         acc = tl.dot(a, b, acc)
     store_tile(
         acc, offs_m, offs_n, M, N, y_ptr, stride_ym, stride_yn, bias_ptr, ws_ptr, lock_ptr,
