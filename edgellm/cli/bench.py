@@ -1,4 +1,4 @@
-"""`edgellm bench ...`: benchmarks that print markdown tables (kernels here; throughput/latency join later)."""
+"""`edgellm bench ...`: benchmarks that print markdown tables (kernels here; throughput and latency in edgellm/bench)."""
 
 from __future__ import annotations
 
@@ -60,3 +60,10 @@ def kernels(models: str, ms: str, bits: str, group_size: int, sym: bool, tune: b
         kb.write_csv(result, csv_path)
     if json_path:
         kb.write_json(result, json_path)
+
+
+from edgellm.bench.latency import latency  # noqa: E402  (engine benchmarks: click commands beside their code)
+from edgellm.bench.throughput import throughput  # noqa: E402
+
+bench.add_command(throughput)
+bench.add_command(latency)
