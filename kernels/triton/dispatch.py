@@ -7,6 +7,12 @@
 
 fp32 activations always take dequant_mm (cuBLAS fp32); group sizes the fused kernels cannot
 tile (group_size % (32 // bits) != 0) too.
+
+Act-order: for M < PERM_GATHER_MIN_M the kernels read x through perm in place (no extra launch).
+From PERM_GATHER_MIN_M rows on, x[:, perm] is gathered once per call (index_select) and the
+kernels run without perm: every CTA of the fused kernels re-reads its x tile, and a scattered
+2-byte gather costs up to 32 L1 transactions per warp instruction, so the in-kernel gather made
+the W4 act-order stack 2.6x slower at M=16 on an H200 (docs/kernels.md).
 """
 
 from __future__ import annotations
@@ -53,12 +59,18 @@ def choice_supported(choice: KernelChoice, qw: QuantizedWeight, M: int) -> bool:
     return True
 
 
+PERM_GATHER_MIN_M = 2
+
+
 def run_choice(
     choice: KernelChoice, x: Tensor, qw: QuantizedWeight, bias: Tensor | None, out: Tensor | None = None
 ) -> Tensor:
     """x [M, K] -> y [M, N] (written into `out` if given) with the given kernel and blocks."""
     if choice.kernel == "dequant_mm":
         return quant_dequant_mm(x, qw, bias, out=out)
+    if qw.perm is not None and x.shape[0] >= PERM_GATHER_MIN_M:
+        x = x.index_select(1, qw.perm)
+        qw = QuantizedWeight(qw.qweight, qw.scales, qw.zeros, qw.bits, qw.group_size, None, qw.in_features)
     kwargs = dict(
         block_m=choice.block_m, block_n=choice.block_n, block_k=choice.block_k, split_k=choice.split_k,
         num_warps=choice.num_warps, num_stages=choice.num_stages,
