@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
+import torch
 from torch import Tensor
 
 from edgellm.kernels import reference
@@ -38,3 +39,22 @@ def quant_matmul(x: Tensor, qw: QuantizedWeight, bias: Tensor | None = None) -> 
         if backend is not None:
             return backend(x, qw, bias)
     return reference.quant_matmul_ref(x, qw, bias)
+
+
+def warmup(weights: Iterable[QuantizedWeight], m_buckets: Iterable[int] | None = None,
+           dtype: torch.dtype = torch.float16, tune: bool = True) -> float:
+    """Call once after loading, before CUDA-graph capture: tunes shapes missing from the GPU's
+    dispatch table (saved under $EDGELLM_HOME/kernels/), compiles every chosen kernel, and
+    returns the seconds it took. CPU weights: nothing to do, returns 0."""
+    weights = [w for w in weights if w.device.type == "cuda"]
+    if not weights or _cuda_backend() is None:
+        return 0.0
+    import time
+
+    from edgellm.kernels.triton import table, tune as tuner
+
+    start = time.perf_counter()
+    tuner.warmup(weights, table.M_BUCKETS if m_buckets is None else m_buckets, dtype, tune=tune)
+    elapsed = time.perf_counter() - start
+    logger.info("quant_matmul warm-up: %d weights, %.1f s", len(weights), elapsed)
+    return elapsed

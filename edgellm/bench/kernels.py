@@ -6,7 +6,9 @@ enough rotated weight copies that the working set is 3x the L2:
     edgellm     edgellm.kernels quant_matmul (the dispatch table's choice), W4 g128 by default
     fp16        x @ w.t() through cuBLAS, w [N, K] fp16
     torch-int4  torch._weight_int4pack_mm (g128, bf16 activations; tinygemm)
-    gemlite     only if `import gemlite` works (optional)
+
+(gemlite is not installed on the benchmark machine and has no wheel here; docs/benchmarks.md
+quotes anchors.md's gemlite figures, marked as from an earlier run.)
 
 and prints µs, achieved GB/s (weights + x + y bytes over time), speedup over fp16, the sum over
 the whole layer stack per step, the card's copy/read bandwidth and the roofline fraction.
@@ -162,14 +164,6 @@ def time_torch_int4(K: int, N: int, M: int, device: torch.device, l2: int, group
     return us, (N * K // 2 + sz.numel() * 2 + M * K * 2 + M * N * 2) / us / 1e3
 
 
-def time_gemlite(K: int, N: int, M: int, device: torch.device, l2: int) -> tuple[float, float] | None:
-    try:
-        import gemlite  # noqa: F401
-    except ImportError:
-        return None
-    return None  # wiring gemlite's A16W4 path is left for a machine that has it installed
-
-
 def check_correct(qw: QuantizedWeight, dtype: torch.dtype) -> float:
     from edgellm.kernels.triton.dispatch import quant_matmul_triton
 
@@ -232,9 +226,6 @@ def run(models: list[str], ms: list[int], bits: int, group_size: int, sym: bool,
                 r = time_torch_int4(K, N, M, device, l2) if bits == 4 and group_size == 128 else None
                 if r is not None:
                     rows.append(Row(model, name, K, N, M, "torch-int4", r[0], r[1]))
-                r = time_gemlite(K, N, M, device, l2)
-                if r is not None:
-                    rows.append(Row(model, name, K, N, M, "gemlite", r[0], r[1]))
             torch.cuda.empty_cache()
         log(layer_table(rows, model, ms, read_gbps))
         log(stack_table(rows, model, ms, layers, read_gbps, shapes, weights))
@@ -257,7 +248,7 @@ def _get(rows: list[Row], model: str, shape: str, M: int, kernel: str) -> Row | 
 
 
 def layer_table(rows: list[Row], model: str, ms: list[int], read_gbps: float) -> str:
-    kernels = [k for k in ("edgellm", "fp16", "torch-int4", "gemlite") if any(r.kernel == k and r.model == model for r in rows)]
+    kernels = [k for k in ("edgellm", "fp16", "torch-int4") if any(r.kernel == k and r.model == model for r in rows)]
     out = io.StringIO()
     out.write("\n| shape (KxN) | M | " + " | ".join(f"{k} µs (GB/s)" for k in kernels)
               + " | edgellm vs fp16 | edgellm % of read BW | edgellm kernel |\n")
@@ -291,7 +282,7 @@ def stack_summary(rows: list[Row], model: str, ms: list[int], layers: int) -> di
 
 def stack_table(rows: list[Row], model: str, ms: list[int], layers: int, read_gbps: float, shapes, weights) -> str:
     summ = stack_summary(rows, model, ms, layers)
-    kernels = [k for k in ("edgellm", "fp16", "torch-int4", "gemlite") if k in summ[ms[0]]]
+    kernels = [k for k in ("edgellm", "fp16", "torch-int4") if k in summ[ms[0]]]
     wbytes = sum(w.nbytes() for w in weights.values()) * layers
     fbytes = sum(K * N * 2 for _, K, N in shapes) * layers
     out = io.StringIO()

@@ -164,3 +164,9 @@ def test_shipped_tables_parse(triton_mods):
     for path in table.SHIPPED_DIR.glob("*.json"):
         t = table.DispatchTable.from_json(json.loads(path.read_text()), str(path))
         assert t.entries, path
+
+
+def test_warmup_is_a_no_op_for_cpu_weights():
+    from edgellm.kernels.quant_matmul import warmup
+
+    assert warmup([make_weight(64, 16, 4, 32, True, False, seed=8)]) == 0.0
