@@ -87,13 +87,14 @@ def build_flat_batch(reqs: list[CachedRequestState], num_scheduled: list[int], b
 
 
 class CpuModelRunner:
-    def __init__(self, model: CausalLM, kv_cache: KVCache, swap_cache: KVCache, block_size: int, seed: int) -> None:
+    def __init__(self, model: CausalLM, kv_cache: KVCache, swap_cache: KVCache, block_size: int, seed: int,
+                 eos_token_id: int | None) -> None:
         self.model = model
         self.kv_cache = kv_cache
         self.swap_cache = swap_cache
         self.block_size = block_size
         self.device = next(model.parameters()).device
-        self.sampler = Sampler(torch.Generator(device=self.device).manual_seed(seed))
+        self.sampler = Sampler(torch.Generator(device=self.device).manual_seed(seed), eos_token_id)
         self.requests: dict[str, CachedRequestState] = {}
 
     def execute(self, sched: SchedulerOutput) -> RunnerOutput:

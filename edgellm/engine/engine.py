@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import time
 from pathlib import Path
 
 import psutil
@@ -30,8 +31,11 @@ from edgellm.outputs import RequestOutput
 
 logger = logging.getLogger(__name__)
 
-# Share of the available RAM the CPU backend gives the KV pool when no block count is forced.
+# The CPU backend's KV pool when no block count is forced: at most this share of the available
+# RAM and this many GiB (vLLM's CPU backend defaults to 4 GiB); the pool is zero-filled, so it is paid for.
 CPU_KV_RAM_FRACTION = 0.25
+CPU_KV_MAX_GIB = 2.0
+LOG_INTERVAL_S = 10.0  # the periodic throughput line
 SEED_STRIDE = 0x9E3779B97F4A7C15  # golden-ratio stride: child seeds of one request stay far apart
 TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 
@@ -93,28 +97,30 @@ class LLMEngine:
         block_bytes = KVCache.block_bytes(mc.num_layers, bs, mc.num_kv_heads, mc.head_dim, dtype)
         num_blocks = self._num_device_blocks(block_bytes)
         num_cpu_blocks = num_swap_blocks(cache.swap_space, block_bytes)
-        kv = KVCache(mc.num_layers, num_blocks, bs, mc.num_kv_heads, mc.head_dim, dtype, config.device)
+        kv = KVCache(mc.num_layers, num_blocks, bs, mc.num_kv_heads, mc.head_dim, dtype, config.device, zero=True)
         swap = KVCache(mc.num_layers, max(num_cpu_blocks, 1), bs, mc.num_kv_heads, mc.head_dim, dtype, "cpu",
-                       pin_memory=config.device != "cpu")
+                       zero=False, pin_memory=config.device != "cpu")
         logger.info(
             "KV cache: %d blocks of %d tokens (%d tokens, %.2f GiB) on %s; swap pool %d blocks (%.2f GiB)",
             num_blocks - 1, bs, (num_blocks - 1) * bs, num_blocks * block_bytes / GIB, config.device,
             max(num_cpu_blocks - 1, 0), num_cpu_blocks * block_bytes / GIB,
         )
-        self.runner = CpuModelRunner(self.model, kv, swap, bs, config.seed)
+        self.runner = CpuModelRunner(self.model, kv, swap, bs, config.seed, self.eos_token_id)
         sched_config = dataclasses.replace(config.scheduler, max_model_len=self.max_model_len)
         self.scheduler = Scheduler(sched_config, cache, num_blocks, num_cpu_blocks)
         self.output_processor = OutputProcessor(self.tokenizer)
+        self._last_log_time = time.monotonic()
+        self._num_logged_tokens = 0
 
     def _num_device_blocks(self, block_bytes: int) -> int:
-        """The forced count, else enough for max_num_seqs full-length requests within a share of free RAM."""
+        """The forced count, else enough for max_num_seqs full-length requests within the memory budget."""
         cache, sched = self.config.cache, self.config.scheduler
         if cache.num_gpu_blocks_override is not None:
             return cache.num_gpu_blocks_override
         blocks_per_seq = -(-self.max_model_len // cache.block_size)
         wanted = sched.max_num_seqs * blocks_per_seq + 1
         if self.config.device == "cpu":
-            budget = int(psutil.virtual_memory().available * CPU_KV_RAM_FRACTION)
+            budget = int(min(psutil.virtual_memory().available * CPU_KV_RAM_FRACTION, CPU_KV_MAX_GIB * GIB))
         else:
             free, total = torch.cuda.mem_get_info(torch.device(self.config.device))
             budget = int(free - total * (1 - cache.gpu_memory_utilization))
@@ -154,7 +160,22 @@ class LLMEngine:
 
         processed = self.output_processor.process(core_outputs)
         self.scheduler.finish_requests(processed.reqs_to_abort, RequestStatus.FINISHED_STOPPED)
+        self._log_stats(sum(len(o.new_token_ids) for o in core_outputs))
         return processed.request_outputs
+
+    def _log_stats(self, num_new_tokens: int) -> None:
+        """One INFO line every LOG_INTERVAL_S seconds: queues, generation speed, KV use."""
+        self._num_logged_tokens += num_new_tokens
+        now = time.monotonic()
+        if now - self._last_log_time < LOG_INTERVAL_S:
+            return
+        s = self.scheduler
+        logger.info(
+            "running %d, swapped %d, waiting %d; %.1f generated tok/s; KV %.0f%%, swap pool %.0f%%",
+            len(s.running), len(s.swapped), len(s.waiting), self._num_logged_tokens / (now - self._last_log_time),
+            100 * s.kv_cache_manager.usage, 100 * s.kv_cache_manager.cpu_usage,
+        )
+        self._last_log_time, self._num_logged_tokens = now, 0
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()

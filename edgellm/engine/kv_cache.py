@@ -6,6 +6,12 @@
 The device pool and the CPU swap pool are two KVCache objects with the same per-block
 shape; `swap_blocks` moves whole blocks between them. On the CPU backend both live
 in RAM (the mechanism, preemption and accounting stay the same as on a GPU).
+
+Every slot attention gathers must hold a finite number, even slots it masks out: a
+padded decode group reads the null block and the unwritten tail of partial blocks,
+and a masked NaN or Inf still poisons SDPA (0 * NaN = NaN). So the device pool is
+zero-filled at allocation (vLLM does the same). The swap pool may stay uninitialised:
+a CPU block is only ever read back after a swap-out wrote all of it.
 """
 
 from __future__ import annotations
@@ -23,11 +29,12 @@ GIB = 1 << 30
 
 class KVCache:
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, device: str | torch.device, pin_memory: bool = False) -> None:
+                 dtype: torch.dtype, device: str | torch.device, zero: bool, pin_memory: bool = False) -> None:
         shape = (2, num_blocks, block_size, num_kv_heads, head_dim)
-        # torch.empty: untouched pages cost no RAM until a block is first written
+        # zero=False (swap pool): torch.empty, whose untouched pages cost no RAM until written
+        new = torch.zeros if zero else torch.empty
         self.layers: list[Tensor] = [
-            torch.empty(shape, dtype=dtype, device=device, pin_memory=pin_memory) for _ in range(num_layers)
+            new(shape, dtype=dtype, device=device, pin_memory=pin_memory) for _ in range(num_layers)
         ]
         self.num_blocks = num_blocks
 

@@ -2,8 +2,8 @@
 
 Order, as vLLM V1 `v1/sample/sampler.py`:
 
-    logits (fp32) -> penalties -+-> greedy rows: argmax
-                                +-> temperature -> min_p -> top_k -> top_p -> argmax(p / Exp(1))
+    logits (fp32) -> min_tokens ban -> penalties -+-> greedy rows: argmax
+                                                  +-> temperature -> min_p -> top_k -> top_p -> argmax(p / Exp(1))
 
 The exponential race picks token t with probability p_t and needs no host sync
 (gpt-fast `multinomial_sample_one_no_sync`). Each seeded request draws its Exp(1)
@@ -43,12 +43,14 @@ class SamplerOutput:
 
 
 class Sampler:
-    def __init__(self, generator: torch.Generator) -> None:
+    def __init__(self, generator: torch.Generator, eos_token_id: int | None = None) -> None:
         self.generator = generator  # shared by rows without a seed
+        self.eos_token_id = eos_token_id
 
     def __call__(self, logits: Tensor, meta: SamplingMetadata) -> SamplerOutput:
         logits = logits.float()  # [R, V]
         params = meta.params
+        logits = self._ban_stop_tokens(logits, meta)
         if any(_has_penalty(p) for p in params):
             logits = apply_penalties(logits, meta)
         greedy = [p.temperature == 0.0 for p in params]
@@ -70,6 +72,22 @@ class Sampler:
                     row[0].insert(0, chosen[i])
                     row[1].insert(0, lp[i, chosen[i]].item())
         return SamplerOutput(chosen, logprobs)
+
+    def _ban_stop_tokens(self, logits: Tensor, meta: SamplingMetadata) -> Tensor:
+        """Rows short of min_tokens cannot pick EOS or a stop token id (vLLM's MinTokensLogitsProcessor)."""
+        banned_rows = []
+        for i, p in enumerate(meta.params):
+            if p.min_tokens and len(meta.token_ids[i]) - meta.num_prompt_tokens[i] < p.min_tokens:
+                banned = list(p.stop_token_ids)
+                if self.eos_token_id is not None and not p.ignore_eos:
+                    banned.append(self.eos_token_id)
+                banned_rows += [(i, t) for t in banned]
+        if not banned_rows:
+            return logits
+        logits = logits.clone()
+        rows, cols = zip(*banned_rows)
+        logits[list(rows), list(cols)] = float("-inf")
+        return logits
 
     def _sample(self, logits: Tensor, generators: list[torch.Generator | None]) -> Tensor:
         probs = torch.softmax(logits, dim=-1)  # [R, V]

