@@ -26,7 +26,6 @@ from edgellm.engine.output_processor import OutputProcessor
 from edgellm.engine.request import Request, RequestStatus
 from edgellm.engine.sampling_params import SamplingParams
 from edgellm.engine.scheduler import Scheduler
-from edgellm.hub.pull import resolve_model
 from edgellm.outputs import RequestOutput
 
 logger = logging.getLogger(__name__)
@@ -75,7 +74,7 @@ def child_sampling_params(params: SamplingParams) -> list[SamplingParams]:
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
-        model_dir = resolve_model(config.model)  # a directory, a pulled name or a cached hub id
+        model_dir = _resolve_model(config.model)
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         dtype = _torch_dtype(config)
         from edgellm.loader.load import load_model
@@ -179,6 +178,17 @@ class LLMEngine:
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
+
+
+def _resolve_model(model: str) -> Path:
+    """A checkpoint directory as is; else a pulled name or a cached hub id (edgellm.hub, imported only
+    then: it brings the GGUF reader along)."""
+    path = Path(model).expanduser()
+    if path.is_dir():
+        return path
+    from edgellm.hub.pull import resolve_model
+
+    return resolve_model(model)
 
 
 def _torch_dtype(config: EngineConfig) -> torch.dtype:
