@@ -11,6 +11,10 @@ N requests with random token prompts and random output lengths (uniform in
   longest output, so shorter requests pay for padding). Only the tokens each request asked
   for are counted, so both sides are credited the same work.
 
+Runs one request at a time (batch 1, concurrency 1) take only the first
+`--serial-prompts` requests: their rate does not depend on how many follow, and
+they are the slow rows.
+
 Prints a markdown table: requests/s, output tokens/s, total (prompt + output) tokens/s.
 """
 
@@ -117,7 +121,9 @@ def header(model: str, device: str, dtype: str) -> str:
 
 @click.command("throughput")
 @click.argument("model")
-@click.option("--num-prompts", default=16, show_default=True, help="Requests in each run.")
+@click.option("--num-prompts", default=64, show_default=True, help="Requests in each run.")
+@click.option("--serial-prompts", default=16, show_default=True,
+              help="Requests in the one-at-a-time rows (HF batch 1, concurrency 1).")
 @click.option("--input-len", default=128, show_default=True, help="Mean prompt length (tokens).")
 @click.option("--output-len", default=128, show_default=True, help="Mean output length (tokens).")
 @click.option("--range-ratio", default=0.5, show_default=True, help="Lengths uniform in len * (1 ± ratio).")
@@ -128,7 +134,7 @@ def header(model: str, device: str, dtype: str) -> str:
 @click.option("--threads", default=None, type=int, help="torch threads (default: torch's choice).")
 @click.option("--seed", default=0, show_default=True)
 @click.option("--progress/--no-progress", default=True, show_default=True)
-def throughput(model: str, num_prompts: int, input_len: int, output_len: int, range_ratio: float, concurrency: str,
+def throughput(model: str, num_prompts: int, serial_prompts: int, input_len: int, output_len: int, range_ratio: float, concurrency: str,
                hf_batch: str, device: str, dtype: str, threads: int | None, seed: int, progress: bool) -> None:
     """Engine throughput on MODEL (a directory or a pulled name) next to HF transformers `generate`."""
     import torch
@@ -148,20 +154,25 @@ def throughput(model: str, num_prompts: int, input_len: int, output_len: int, ra
     work = make_workload(len(tok), set(tok.all_special_ids), num_prompts, input_len, output_len, range_ratio, seed)
     max_model_len = max(len(p) + n for p, n in zip(work.prompts, work.output_lens))
     print(header(model, device, dtype))
-    print(f"{num_prompts} requests: prompt {input_len} ± {range_ratio:.0%}, output {output_len} ± {range_ratio:.0%} "
+    print(f"{num_prompts} requests (one-at-a-time rows: the first {serial_prompts}): "
+          f"prompt {input_len} ± {range_ratio:.0%}, output {output_len} ± {range_ratio:.0%} "
           f"tokens ({work.num_prompt_tokens} prompt + {work.num_output_tokens} output), greedy, ignore_eos")
 
     results: list[Result] = []
-    for b in hf_batches:
-        hf = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).to(device).eval()
-        pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-        run_hf(hf, Workload(work.prompts[:1], [4]), b, pad, False)  # warm-up
-        results.append(Result("HF transformers `generate`", f"batch {b}" + (" (padded)" if b > 1 else ""),
-                              run_hf(hf, work, b, pad, progress), work))
-        del hf
-    for c in concurrencies:
-        seconds = run_edgellm(str(path), device, dtype, work, c, max_model_len, progress)
-        results.append(Result("edgellm `LLM.generate`", f"{c} concurrent", seconds, work))
+    serial = Workload(work.prompts[:serial_prompts], work.output_lens[:serial_prompts])
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).to(device).eval() if hf_batches else None
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    if hf is not None:
+        run_hf(hf, Workload(work.prompts[:1], [4]), 1, pad, False)  # warm-up
+    # Each size runs HF then edgellm back to back, so both see the same load on a shared machine.
+    for size in sorted(set(hf_batches) | set(concurrencies)):
+        w = serial if size == 1 else work
+        if size in hf_batches:
+            results.append(Result("HF transformers `generate`", f"batch {size}" + (" (padded)" if size > 1 else ""),
+                                  run_hf(hf, w, size, pad, progress), w))
+        if size in concurrencies:
+            seconds = run_edgellm(str(path), device, dtype, w, size, max_model_len, progress)
+            results.append(Result("edgellm `LLM.generate`", f"{size} concurrent", seconds, w))
 
     base = next((r for r in results if r.batch == "batch 1"), None)
     base_tok_s = base.work.num_output_tokens / base.seconds if base else None

@@ -26,6 +26,7 @@ from edgellm.engine.output_processor import OutputProcessor
 from edgellm.engine.request import Request, RequestStatus
 from edgellm.engine.sampling_params import SamplingParams
 from edgellm.engine.scheduler import Scheduler
+from edgellm.loader.load import load_model
 from edgellm.outputs import RequestOutput
 
 logger = logging.getLogger(__name__)
@@ -77,8 +78,6 @@ class LLMEngine:
         model_dir = _resolve_model(config.model)
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         dtype = _torch_dtype(config)
-        from edgellm.loader.load import load_model
-
         self.model = load_model(model_dir, config.device, dtype)
         mc = self.model.config
         if config.device != "cpu":
@@ -91,25 +90,32 @@ class LLMEngine:
             )
         self.eos_token_id, self.extra_stop_ids = _eos_ids(model_dir, self.tokenizer)
 
-        cache = config.cache
-        bs = cache.block_size
-        block_bytes = KVCache.block_bytes(mc.num_layers, bs, mc.num_kv_heads, mc.head_dim, dtype)
-        num_blocks = self._num_device_blocks(block_bytes)
-        num_cpu_blocks = num_swap_blocks(cache.swap_space, block_bytes)
-        kv = KVCache(mc.num_layers, num_blocks, bs, mc.num_kv_heads, mc.head_dim, dtype, config.device, zero=True)
-        swap = KVCache(mc.num_layers, max(num_cpu_blocks, 1), bs, mc.num_kv_heads, mc.head_dim, dtype, "cpu",
-                       zero=False, pin_memory=config.device != "cpu")
-        logger.info(
-            "KV cache: %d blocks of %d tokens (%d tokens, %.2f GiB) on %s; swap pool %d blocks (%.2f GiB)",
-            num_blocks - 1, bs, (num_blocks - 1) * bs, num_blocks * block_bytes / GIB, config.device,
-            max(num_cpu_blocks - 1, 0), num_cpu_blocks * block_bytes / GIB,
-        )
-        self.runner = CpuModelRunner(self.model, kv, swap, bs, config.seed, self.eos_token_id)
+        kv, swap = self._allocate_kv_caches(dtype)
+        self.runner = CpuModelRunner(self.model, kv, swap, config.cache.block_size, config.seed, self.eos_token_id)
         sched_config = dataclasses.replace(config.scheduler, max_model_len=self.max_model_len)
-        self.scheduler = Scheduler(sched_config, cache, num_blocks, num_cpu_blocks)
+        num_cpu_blocks = swap.num_blocks if config.cache.swap_space > 0 else 0
+        self.scheduler = Scheduler(sched_config, config.cache, kv.num_blocks, num_cpu_blocks)
         self.output_processor = OutputProcessor(self.tokenizer)
         self._last_log_time = time.monotonic()
         self._num_logged_tokens = 0
+
+    def _allocate_kv_caches(self, dtype: torch.dtype) -> tuple[KVCache, KVCache]:
+        """The device pool (zero-filled) and the CPU swap pool, sized and logged."""
+        mc, cache = self.model.config, self.config.cache
+        bs = cache.block_size
+        block_bytes = KVCache.block_bytes(mc.num_layers, bs, mc.num_kv_heads, mc.head_dim, dtype)
+        num_blocks = self._num_device_blocks(block_bytes)
+        # 0 blocks: swap off; the scheduler is told 0, the runner still gets a one-block pool to hold
+        num_cpu_blocks = num_swap_blocks(cache.swap_space, block_bytes)
+        kv = KVCache(mc.num_layers, num_blocks, bs, mc.num_kv_heads, mc.head_dim, dtype, self.config.device, zero=True)
+        swap = KVCache(mc.num_layers, max(num_cpu_blocks, 1), bs, mc.num_kv_heads, mc.head_dim, dtype, "cpu",
+                       zero=False, pin_memory=self.config.device != "cpu")
+        logger.info(
+            "KV cache: %d blocks of %d tokens (%d tokens, %.2f GiB) on %s; swap pool %d blocks (%.2f GiB)",
+            num_blocks - 1, bs, (num_blocks - 1) * bs, num_blocks * block_bytes / GIB, self.config.device,
+            max(num_cpu_blocks - 1, 0), num_cpu_blocks * block_bytes / GIB,
+        )
+        return kv, swap
 
     def _num_device_blocks(self, block_bytes: int) -> int:
         """The forced count, else enough for max_num_seqs full-length requests within the memory budget."""
