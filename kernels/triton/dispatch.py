@@ -1,12 +1,16 @@
 """GPU quant_matmul: pick a kernel from the dispatch table by (bits, group, N, K, M-bucket), run it.
 
     M (tokens)   usual winner on an H200 (the table, not this list, decides)
-    1 .. 4       gemv.quant_gemv        split-K GEMV, no tensor cores
+    1            gemv_h2.quant_gemv_h2  fp16 x: split-K GEMV with packed fp16x2 math (inline PTX)
+    1 .. 4       gemv.quant_gemv        split-K GEMV, no tensor cores (bf16 x at M = 1 too)
     8 .. 64      gemm.quant_gemm        fused dequant + tl.dot, split-K to fill the SMs
     128 ..       gemm.quant_gemm / dequant.quant_dequant_mm (only where it measured faster)
 
 fp32 activations always take dequant_mm (cuBLAS fp32); group sizes the fused kernels cannot
-tile (group_size % (32 // bits) != 0) too.
+tile (group_size % (32 // bits) != 0) too. A gemv_h2 choice a call cannot use (bf16 x, M > 1, or
+under TRITON_INTERPRET, which cannot run inline PTX) becomes the fp32 GEMV 1x64x(16 words) w2 with
+the same split (the family that won M = 1 before); so does a gemv_h2 choice for an act-order weight
+(measured slower there, see choice_supported). Any other unusable choice becomes `default_choice`.
 
 Act-order: for M < PERM_GATHER_MIN_M the kernels read x through perm in place (no extra launch).
 From PERM_GATHER_MIN_M rows on, x[:, perm] is gathered once per call (index_select) and the
@@ -26,6 +30,7 @@ from edgellm.kernels.qweight import QuantizedWeight
 from edgellm.kernels.triton.dequant import quant_dequant_mm
 from edgellm.kernels.triton.gemm import gemm_supported, quant_gemm
 from edgellm.kernels.triton.gemv import gemv_supported, quant_gemv
+from edgellm.kernels.triton.gemv_h2 import gemv_h2_supported, quant_gemv_h2
 from edgellm.kernels.triton.table import DispatchTable, KernelChoice, default_choice, load_table, table_group
 
 
@@ -46,12 +51,20 @@ def choose_kernel(qw: QuantizedWeight, M: int, table: DispatchTable, num_sms: in
         return KernelChoice("dequant_mm")
     group = table_group(qw.group_size, K)
     choice = table.lookup(qw.bits, group, N, K, M, num_sms)
-    if not choice_supported(choice, qw, M):
+    if choice.kernel == "gemv_h2" and not choice_supported(choice, qw, M, dtype):
+        # bf16 x, act-order, the interpreter: the fp32 GEMV family that won M = 1 before gemv_h2, same split
+        choice = KernelChoice("gemv", 1, 64, 16 * (32 // qw.bits), choice.split_k, 2, 3)
+    if not choice_supported(choice, qw, M, dtype):
         choice = default_choice(qw.bits, group, N, K, M, num_sms)
     return choice
 
 
-def choice_supported(choice: KernelChoice, qw: QuantizedWeight, M: int) -> bool:
+def choice_supported(choice: KernelChoice, qw: QuantizedWeight, M: int, dtype: torch.dtype = torch.float16) -> bool:
+    if choice.kernel == "gemv_h2":
+        # act-order: the kernel gathers x through perm correctly (tested) but 8 dependent perm -> x
+        # loads per word row cost more than they save: the W4 g128 act-order stack at M = 1 took 3.73 ms
+        # in the H200 run that put gate_up on gemv_h2, 3.35-3.40 ms in earlier runs on the fp32 GEMV
+        return qw.perm is None and gemv_h2_supported(qw, choice.block_n, choice.block_k, choice.num_warps, dtype, M)
     if choice.kernel == "gemv":
         return choice.block_k % (32 // qw.bits) == 0 and gemv_supported(qw, choice.block_k)
     if choice.kernel == "gemm":
@@ -75,6 +88,8 @@ def run_choice(
         block_m=choice.block_m, block_n=choice.block_n, block_k=choice.block_k, split_k=choice.split_k,
         num_warps=choice.num_warps, num_stages=choice.num_stages,
     )
+    if choice.kernel == "gemv_h2":
+        return quant_gemv_h2(x, qw, bias, out=out, **kwargs)
     if choice.kernel == "gemv":
         if choice.block_m < x.shape[0]:
             kwargs["block_m"] = 1 << (x.shape[0] - 1).bit_length()

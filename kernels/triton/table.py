@@ -26,13 +26,13 @@ import torch
 logger = logging.getLogger(__name__)
 
 M_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
-KERNELS = ("gemv", "gemm", "dequant_mm")
+KERNELS = ("gemv", "gemv_h2", "gemm", "dequant_mm")
 SHIPPED_DIR = Path(__file__).resolve().parent.parent / "configs"
 
 
 @dataclass(frozen=True, slots=True)
 class KernelChoice:
-    kernel: str  # one of KERNELS
+    kernel: str  # one of KERNELS (gemv_h2: fp16 x at M = 1 only; block_n 128 or 256)
     block_m: int = 16
     block_n: int = 64
     block_k: int = 64  # codes (not words) per K step

@@ -106,6 +106,8 @@ def candidates(bits: int, group: int, N: int, K: int, M: int, num_sms: int) -> l
             for split in (1, 2, 4, 8, 16):
                 if split == 1 or K // split >= 2 * bk:
                     out.append(KernelChoice("gemv", bm, bn, bk, split, warps, stages))
+        if bm == 1 and bits in (4, 8):
+            out.extend(h2_candidates(bits, group, K))
     bk_main = 32 * pf if bits != 2 else 16 * pf  # 128 codes at 4-bit, 64 at 2-bit... clipped below
     bk_main = min(bk_main, 256) if bits == 2 else bk_main
     if M >= 2:
@@ -133,6 +135,25 @@ def candidates(bits: int, group: int, N: int, K: int, M: int, num_sms: int) -> l
     return unique
 
 
+# gemv_h2 tiles (block_n, word rows, warps): block_n 256 = two 128-column tiles sharing the activation
+# pairs; word rows / warps = rows per thread (SASS per 4-bit code, asym g128: 2.8 at (256, 16, 4))
+H2_SHAPES = ((256, 16, 4), (256, 8, 2), (256, 16, 8), (256, 8, 4), (256, 32, 8), (128, 16, 4))
+
+
+def h2_candidates(bits: int, group: int, K: int) -> list[KernelChoice]:
+    """gemv_h2 (fp16 x, M = 1) shapes x split-K; dispatch.choice_supported drops them for bf16 x and act-order."""
+    pf = 32 // bits
+    out = []
+    for bn, kw, warps in H2_SHAPES:
+        bk = kw * pf
+        if group != -1 and group % bk != 0 and group % pf != 0:
+            continue
+        for split in (1, 2, 4, 8, 16):
+            if split == 1 or K // split >= 2 * bk:
+                out.append(KernelChoice("gemv_h2", 1, bn, bk, split, warps, 2))
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class TuneResult:
     key: str
@@ -156,7 +177,8 @@ def tune_weight(
     for M in m_buckets:
         x = torch.randn(M, K, dtype=dtype, device=device)
         best: tuple[float, KernelChoice] | None = None
-        cands = [c for c in candidates(qw.bits, group, N, K, M, num_sms) if dispatch.choice_supported(c, qw, M)]
+        cands = [c for c in candidates(qw.bits, group, N, K, M, num_sms)
+                 if dispatch.choice_supported(c, qw, M, dtype)]
         for choice in cands:
             fns = [lambda c=choice, w=w: dispatch.run_choice(c, x, w, None) for w in copies]
             try:
@@ -228,4 +250,5 @@ def warmup(
     return WarmupReport(len(tuned.entries), cached, tune_s, time.perf_counter() - t1)
 
 
-__all__ = ["time_cuda_graph", "rotated_copies", "candidates", "tune_weight", "warmup", "WarmupReport", "TuneResult"]
+__all__ = ["time_cuda_graph", "rotated_copies", "candidates", "h2_candidates", "tune_weight", "warmup", "WarmupReport",
+           "TuneResult"]

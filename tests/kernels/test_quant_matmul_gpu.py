@@ -3,6 +3,7 @@
 Each bit width (2, 3-in-4, 4, 8), each group size at 4-bit (-1, 32, 64, 128), sym/asym,
 act-order on/off, K x N in {4096x4096, 4096x11008, 11008x4096}, M in {1, 16, 64, 256, 1024},
 through the dispatch table (whatever it picks for each M). Outputs poisoned with NaN.
+Then gemv_h2 (fp16x2 inline-PTX GEMV, M = 1) called directly over its own grid of cases.
 """
 
 from __future__ import annotations
@@ -103,3 +104,75 @@ def test_split_k_counters_reset_and_graph_replay():
     torch.cuda.synchronize()
     assert torch.equal(y, y0)
     assert int(split_k_locks(x.device).abs().sum()) == 0
+
+
+# gemv_h2 (fp16x2 inline-PTX GEMV, fp16 x, M = 1) called directly: every group size, sym/asym,
+# act-order, partial last group (K % group != 0), odd N, both tile widths, split-K on and off.
+H2_CASES = [
+    # (bits, group, asym, act, K, N, block_n, block_k, split, warps)
+    (4, 128, True, False, 4096, 4096, 256, 128, 4, 4),
+    (4, 128, False, False, 4096, 11008, 256, 64, 8, 2),
+    (4, 128, True, True, 11008, 4096, 256, 256, 16, 8),
+    (4, 128, False, True, 4096, 4096, 128, 128, 1, 4),
+    (4, 32, True, False, 4096, 4096, 256, 128, 4, 4),
+    (4, 32, False, True, 11008, 4096, 256, 128, 8, 4),
+    (4, 64, True, True, 4096, 11008, 256, 128, 2, 4),
+    (4, 64, False, False, 4096, 4096, 128, 256, 4, 4),
+    (4, -1, True, False, 11008, 4096, 256, 256, 8, 8),
+    (4, -1, False, True, 4096, 4096, 128, 256, 1, 4),
+    (4, 128, True, False, 4000, 4096, 256, 128, 4, 4),  # partial last group, K % block_k != 0
+    (4, 128, True, True, 4000, 4097, 256, 128, 4, 4),  # odd N too
+    (4, 64, False, False, 1000, 333, 128, 128, 2, 4),
+    (4, 32, True, False, 1003, 1001, 256, 64, 3, 2),  # odd K: per-element x loads
+    (8, 128, True, False, 4096, 4096, 256, 64, 4, 4),
+    (8, 128, False, True, 11008, 4096, 256, 64, 8, 4),
+    (8, 64, True, False, 4000, 4097, 128, 128, 2, 4),
+    (8, -1, True, True, 4096, 11008, 256, 32, 4, 2),
+]
+
+
+@pytest.mark.parametrize("bits,group,asym,act,K,N,bn,bk,split,warps", H2_CASES,
+                         ids=[f"w{c[0]}-g{c[1]}-{'asym' if c[2] else 'sym'}{'-act' if c[3] else ''}-{c[4]}x{c[5]}"
+                              f"-{c[6]}x{c[7]}s{c[8]}w{c[9]}" for c in H2_CASES])
+def test_gemv_h2_direct(bits, group, asym, act, K, N, bn, bk, split, warps):
+    from edgellm.kernels.triton.gemv_h2 import gemv_h2_supported, quant_gemv_h2
+
+    qw = make_weight(K, N, bits, group, asym, act, seed=K + N + bits + group)
+    assert gemv_h2_supported(qw, bn, bk, warps, torch.float16, 1)
+    w_ref = dequantize(qw, torch.float32)
+    gen = torch.Generator(device="cuda").manual_seed(K)
+    for bias_on in (True, False):
+        x = torch.randn(1, K, generator=gen, device="cuda").half()
+        bias = torch.randn(N, generator=gen, device="cuda").half() if bias_on else None
+        xf = x.float() if qw.perm is None else x.float()[:, qw.perm.long()]
+        ref = xf @ w_ref + (bias.float() if bias_on else 0.0)
+        out = torch.full((1, N), float("nan"), device="cuda", dtype=torch.float16)
+        y = quant_gemv_h2(x, qw, bias, block_n=bn, block_k=bk, split_k=split, num_warps=warps, num_stages=2, out=out)
+        torch.cuda.synchronize()
+        assert not torch.isnan(y).any(), "unwritten output elements"
+        err = ((y.float() - ref).norm() / ref.norm()).item()
+        assert err <= 2e-3, f"relative error {err:.2e} > 2e-3"
+
+
+def test_gemv_h2_strided_x_and_dispatch():
+    """x not contiguous (per-element loads), and the dispatcher: fp16 M=1 may pick gemv_h2; bf16 and act-order never."""
+    from edgellm.kernels.triton import dispatch
+    from edgellm.kernels.triton.gemv_h2 import quant_gemv_h2
+    from edgellm.kernels.triton.table import DispatchTable, KernelChoice, shape_key
+
+    qw = make_weight(4096, 4096, 4, 128, True, False, seed=5)
+    w_ref = dequantize(qw, torch.float32)
+    xb = torch.randn(4096, 2, device="cuda").half()
+    x = xb[:, 0].unsqueeze(0)  # stride (1, 2)
+    y = quant_gemv_h2(x, qw, None, block_n=256, block_k=128, split_k=4, num_warps=4, num_stages=2)
+    ref = x.float() @ w_ref
+    assert ((y.float() - ref).norm() / ref.norm()).item() <= 2e-3
+    h2 = KernelChoice("gemv_h2", 1, 256, 128, 4, 4, 2)
+    table = DispatchTable(gpu="test", entries={shape_key(4, 128, 4096, 4096): {1: h2}})
+    assert dispatch.choose_kernel(qw, 1, table, 132, torch.float16) == h2
+    assert dispatch.choose_kernel(qw, 1, table, 132, torch.bfloat16).kernel == "gemv"
+    ident = torch.arange(4096, device="cuda", dtype=torch.int32)
+    act = QuantizedWeight(qw.qweight, qw.scales, qw.zeros, 4, 128, ident, 4096)
+    assert dispatch.choose_kernel(act, 1, table, 132, torch.float16).kernel == "gemv"  # act-order keeps the fp32 GEMV
+    check(qw, w_ref, 1, seed=1)  # through the shipped table
+    check(qw, w_ref, 1, seed=2, dtype=torch.bfloat16, tol=1e-2)
