@@ -76,12 +76,19 @@ def test_paged_attention_matches_causal_sdpa(hq, hkv):
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
 
 
-def test_write_kv_skips_padding_slots():
+@pytest.mark.parametrize("planned", [False, True], ids=["write_kv", "plan.write"])
+def test_write_kv_skips_padding_slots(planned):
     k_cache = torch.zeros(4, 2, 1, 3)
     v_cache = torch.zeros_like(k_cache)
     k = torch.arange(1.0, 4.0).view(3, 1, 1).expand(3, 1, 3)
     slots = torch.tensor([5, -1, 2])  # the -1 row must land nowhere
-    reference.write_kv(k_cache, v_cache, k, -k, slots)
+    if planned:  # the engine's path: one plan per step, shared by the layers
+        one = torch.tensor([1, 1, 1])
+        plan = reference.PagedAttentionPlan.build(slots, torch.zeros(3, 1, dtype=torch.long), one,
+                                                  torch.arange(4), block_size=2)
+        plan.write(k_cache, v_cache, k, -k)
+    else:
+        reference.write_kv(k_cache, v_cache, k, -k, slots)
     expected = torch.zeros(8, 1, 3)
     expected[5], expected[2] = 1.0, 3.0
     assert torch.equal(k_cache.view(8, 1, 3), expected)
