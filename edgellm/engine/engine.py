@@ -82,12 +82,13 @@ class LLMEngine:
         mc = self.model.config
         if config.device != "cpu":
             logger.info("device %s: the CpuModelRunner's reference kernels run there (no GPU runner yet)", config.device)
-        self.max_model_len = config.scheduler.max_model_len or mc.max_position_embeddings
-        if self.max_model_len > mc.max_position_embeddings:
-            raise ValueError(
-                f"max_model_len: expected <= the model's max_position_embeddings {mc.max_position_embeddings}, "
-                f"got {self.max_model_len}"
-            )
+        # Paged attention has no sliding window: a windowed model (Mistral) is held inside its window.
+        limit, limit_name = mc.max_position_embeddings, "max_position_embeddings"
+        if mc.sliding_window is not None and mc.sliding_window < limit:
+            limit, limit_name = mc.sliding_window, "sliding_window (windowed attention is not implemented)"
+        self.max_model_len = config.scheduler.max_model_len or limit
+        if self.max_model_len > limit:
+            raise ValueError(f"max_model_len: expected <= the model's {limit_name} {limit}, got {self.max_model_len}")
         self.eos_token_id, self.extra_stop_ids = _eos_ids(model_dir, self.tokenizer)
 
         kv, swap = self._allocate_kv_caches(dtype)

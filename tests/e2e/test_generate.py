@@ -255,3 +255,8 @@ def test_async_llm_streams_the_same_text_and_aborts(tiny_dir, tiny_llm):
     assert not llm._thread.is_alive()
     kv = llm.engine.scheduler.kv_cache_manager
     assert not llm.engine.has_unfinished_requests() and kv.gpu_pool.num_free_blocks == kv.gpu_pool.num_blocks - 1
+
+
+def test_max_model_len_beyond_the_model_is_rejected(tiny_dir):
+    with pytest.raises(ValueError, match=r"^max_model_len: expected <= the model's max_position_embeddings 2048, got 4096$"):
+        LLM(str(tiny_dir), max_model_len=4096)
