@@ -24,8 +24,10 @@ scale row per block (8 - z) s times the thread's row sum once per column per blo
 pairs (x0, x2), (x1, x3). |x| up to ~250 (8-bit) or ~2000 (4-bit) keeps the fp16 partial sums finite
 (LLM linear inputs: exllama and Marlin make the same bet).
 
-Measured on an H200 (docs/kernels.md): no faster than the fp32 GEMV except on the widest layer: the
-M = 1 GEMV is bound by weight loads in flight per warp, not by instruction issue.
+The M = 1 GEMV is bound by weight loads in flight per warp, not by instruction issue, so the K loop is
+software-pipelined in registers (the kernel's docstring). Measured on an H200 (docs/kernels.md): with the
+pipeline and a 128x128, 2-warp tile 1.10-1.25x faster than the best earlier kernel on qkv, gate_up and
+down (1.4-1.95 TB/s); the fp32 GEMV stays faster on the 4096x4096 layer.
 
 Masks, scales (SCALE_ALIGNED per block, else per word row), act-order (x gathered through perm in
 place; the dispatcher does not use it there), bias and the one-launch split-K epilogue follow gemv.py.
@@ -239,23 +241,36 @@ def _hsum_emu(a, b, c, d):
 
 
 @triton.jit
-def _tile(acc, accz, w, pa, pb, pc, pd, xs, kb, offs_r, offs_w, offs_n, mask_n, s_ptr, z_ptr, group_size, num_groups,
-          stride_sg, stride_sn, stride_zg, stride_zn,
-          BITS: tl.constexpr, HAS_ZEROS: tl.constexpr, SCALE_ALIGNED: tl.constexpr, WARPS: tl.constexpr,
-          EMULATE: tl.constexpr):
-    """acc [WARPS, R, BN] += s sum_j x_j (q_j - z) for one tile of words (word row i * R + r)."""
-    PF: tl.constexpr = 32 // BITS
-    BIAS_Q: tl.constexpr = 1 << (BITS - 1)  # the asm subtracts it from every code
-    R: tl.constexpr = offs_r.shape[0]
-    if EMULATE:
-        if BITS == 4:
-            t = _dot_w4_emu(w, pa[:, :, None], pb[:, :, None], pc[:, :, None], pd[:, :, None])
-        else:
-            t = _dot_w8_emu(w, pa[:, :, None], pb[:, :, None])
-    elif BITS == 4:
-        t = _dot_w4(w, pa[:, :, None], pb[:, :, None], pc[:, :, None], pd[:, :, None])
+def _load_w(qw_ptr, kb, pred, row_in_block, n3, num_rows, N, stride_qk, stride_qn,
+            PF: tl.constexpr, BLOCK_N: tl.constexpr, TWO: tl.constexpr, EVEN: tl.constexpr):
+    """The [WARPS, R, BN] word tile(s) of the block starting at code kb (16-byte loads along N).
+    EVEN: no mask (the caller clamps the prefetch to the split's last block); else pred (scalar)
+    false -> nothing is loaded (the prefetch past the end of the split)."""
+    rows = kb // PF + row_in_block  # [WARPS, R]
+    w_ptrs = qw_ptr + rows[:, :, None] * stride_qk + n3 * stride_qn
+    if EVEN:  # no mask: a masked load zero-fills its destination registers first (4 MOVs per LDG.128)
+        w = tl.load(w_ptrs)
+        w2 = w
+        if TWO:
+            w2 = tl.load(w_ptrs + BLOCK_N * stride_qn)
     else:
-        t = _dot_w8(w, pa[:, :, None], pb[:, :, None])
+        w_mask = (rows[:, :, None] < num_rows) & (n3 < N) & pred
+        w = tl.load(w_ptrs, mask=w_mask, other=0)
+        w2 = w
+        if TWO:
+            w2 = tl.load(w_ptrs + BLOCK_N * stride_qn, mask=w_mask & (n3 + BLOCK_N < N), other=0)
+    return w, w2
+
+
+@triton.jit
+def _load_sz(s_ptr, z_ptr, kb, pred, offs_r, offs_w, offs_n, N, group_size, num_groups,
+             stride_sg, stride_sn, stride_zg, stride_zn,
+             PF: tl.constexpr, HAS_ZEROS: tl.constexpr, SCALE_ALIGNED: tl.constexpr, EVEN_K: tl.constexpr,
+             EVEN_N: tl.constexpr):
+    """Scales (and zeros) of the block at code kb, in their own dtype (kept 16-bit while they wait in
+    registers): [WARPS, 1, BN] (one scale row per block) or [WARPS, R, BN] (one per word row);
+    z = s without zeros (never used). pred: as in _load_w (ignored when EVEN_K)."""
+    R: tl.constexpr = offs_r.shape[0]
     if SCALE_ALIGNED:
         # one scale row per block, loaded as [WARPS, 1, BN] (4 contiguous per thread) so that it gets
         # the words' own layout and broadcasts over R for free (a [BN] load is laid out one per
@@ -263,23 +278,39 @@ def _tile(acc, accz, w, pa, pb, pc, pd, xs, kb, offs_r, offs_w, offs_n, mask_n, 
         g = tl.minimum(kb // group_size, num_groups - 1)
         sz_offs = offs_n[None, None, :] + 0 * offs_w[:, None, None]
         sz_offs = tl.max_contiguous(tl.multiple_of(sz_offs, (1, 1, 4)), (1, 1, 4))
-        sz_mask = (offs_n[None, None, :] + 0 * offs_w[:, None, None]) < mask_n
-        s = tl.load(s_ptr + g * stride_sg + sz_offs * stride_sn, mask=sz_mask, other=0.0).to(tl.float32)
-        acc += s * t
-        if HAS_ZEROS:  # (8 - z) s sum x: one FFMA per column per block on the thread's row sum
-            z = tl.load(z_ptr + g * stride_zg + sz_offs * stride_zn, mask=sz_mask, other=0.0).to(tl.float32)
-            accz += ((BIAS_Q - z) * s) * tl.sum(xs, axis=1)[:, None, None]
+        sz_mask = (offs_n[None, None, :] + 0 * offs_w[:, None, None]) < N
+        s_ptrs = s_ptr + g * stride_sg + sz_offs * stride_sn
+        z_ptrs = z_ptr + g * stride_zg + sz_offs * stride_zn
+        if EVEN_K and EVEN_N:
+            s = tl.load(s_ptrs)
+            z = s
+            if HAS_ZEROS:
+                z = tl.load(z_ptrs)
+        else:
+            if not EVEN_K:
+                sz_mask = sz_mask & pred
+            s = tl.load(s_ptrs, mask=sz_mask, other=0.0)
+            z = s
+            if HAS_ZEROS:
+                z = tl.load(z_ptrs, mask=sz_mask, other=0.0)
     else:
         g = (kb + (offs_w[:, None] * R + offs_r[None, :]) * PF) // group_size  # [WARPS, R]
-        sz_mask = (g[:, :, None] < num_groups) & (offs_n[None, None, :] < mask_n)
-        s = tl.load(s_ptr + g[:, :, None] * stride_sg + offs_n[None, None, :] * stride_sn,
-                    mask=sz_mask, other=0.0).to(tl.float32)
-        acc += s * t
-        if HAS_ZEROS:
-            z = tl.load(z_ptr + g[:, :, None] * stride_zg + offs_n[None, None, :] * stride_zn,
-                        mask=sz_mask, other=0.0).to(tl.float32)
-            acc += ((BIAS_Q - z) * s) * xs[:, :, None]
-    return acc, accz
+        s_ptrs = s_ptr + g[:, :, None] * stride_sg + offs_n[None, None, :] * stride_sn
+        z_ptrs = z_ptr + g[:, :, None] * stride_zg + offs_n[None, None, :] * stride_zn
+        if EVEN_K and EVEN_N:  # every word row of the block is < K: g < num_groups
+            s = tl.load(s_ptrs)
+            z = s
+            if HAS_ZEROS:
+                z = tl.load(z_ptrs)
+        else:
+            sz_mask = (g[:, :, None] < num_groups) & (offs_n[None, None, :] < N)
+            if not EVEN_K:
+                sz_mask = sz_mask & pred
+            s = tl.load(s_ptrs, mask=sz_mask, other=0.0)
+            z = s
+            if HAS_ZEROS:
+                z = tl.load(z_ptrs, mask=sz_mask, other=0.0)
+    return s, z
 
 
 @triton.jit
@@ -293,6 +324,127 @@ def _xload(x_ptr, perm_ptr, k, k_hi, stride_xk, stride_pk, HAS_PERM: tl.constexp
 
 
 @triton.jit
+def _load_x(x_ptr, perm_ptr, kb, k_hi, row_in_block, stride_xk, stride_pk,
+            PF: tl.constexpr, BITS: tl.constexpr, HAS_PERM: tl.constexpr, X_PAIRS: tl.constexpr,
+            EVEN_K: tl.constexpr):
+    """xi_m [WARPS, R] = fp16x2 (x_{k + 2m}, x_{k + 2m + 1}) for each word row's first code k
+    (m < 4 at 4-bit, m < 2 at 8-bit; xi2 = xi3 = xi0 there, unused); 0 past K / the split
+    (EVEN_K: no mask, the caller clamps the prefetch to the split's last block)."""
+    k_row = kb + row_in_block * PF  # [WARPS, R]
+    if X_PAIRS:  # x contiguous, K even: int32 loads of two fp16
+        xr = x_ptr.to(tl.pointer_type(tl.int32)) + k_row // 2
+        if EVEN_K:
+            xi0 = tl.load(xr + 0)
+            xi1 = tl.load(xr + 1)
+            xi2 = xi0
+            xi3 = xi0
+            if BITS == 4:
+                xi2 = tl.load(xr + 2)
+                xi3 = tl.load(xr + 3)
+        else:  # k_row >= k_hi covers pred
+            xi0 = tl.load(xr + 0, mask=k_row + 0 < k_hi, other=0)
+            xi1 = tl.load(xr + 1, mask=k_row + 2 < k_hi, other=0)
+            xi2 = xi0
+            xi3 = xi0
+            if BITS == 4:
+                xi2 = tl.load(xr + 2, mask=k_row + 4 < k_hi, other=0)
+                xi3 = tl.load(xr + 3, mask=k_row + 6 < k_hi, other=0)
+    else:
+        xi0 = _pack(_xload(x_ptr, perm_ptr, k_row + 0, k_hi, stride_xk, stride_pk, HAS_PERM),
+                    _xload(x_ptr, perm_ptr, k_row + 1, k_hi, stride_xk, stride_pk, HAS_PERM))
+        xi1 = _pack(_xload(x_ptr, perm_ptr, k_row + 2, k_hi, stride_xk, stride_pk, HAS_PERM),
+                    _xload(x_ptr, perm_ptr, k_row + 3, k_hi, stride_xk, stride_pk, HAS_PERM))
+        xi2 = xi0
+        xi3 = xi0
+        if BITS == 4:
+            xi2 = _pack(_xload(x_ptr, perm_ptr, k_row + 4, k_hi, stride_xk, stride_pk, HAS_PERM),
+                        _xload(x_ptr, perm_ptr, k_row + 5, k_hi, stride_xk, stride_pk, HAS_PERM))
+            xi3 = _pack(_xload(x_ptr, perm_ptr, k_row + 6, k_hi, stride_xk, stride_pk, HAS_PERM),
+                        _xload(x_ptr, perm_ptr, k_row + 7, k_hi, stride_xk, stride_pk, HAS_PERM))
+    return xi0, xi1, xi2, xi3
+
+
+@triton.jit
+def _load_block(x_ptr, qw_ptr, s_ptr, z_ptr, perm_ptr, kb, k_hi, kb_last, offs_r, offs_w, offs_n, offs_n2, n3,
+                row_in_block, N, num_rows, group_size, num_groups,
+                stride_xk, stride_qk, stride_qn, stride_sg, stride_sn, stride_zg, stride_zn, stride_pk,
+                PF: tl.constexpr, BITS: tl.constexpr, BLOCK_N: tl.constexpr, TWO: tl.constexpr,
+                HAS_ZEROS: tl.constexpr, HAS_PERM: tl.constexpr, SCALE_ALIGNED: tl.constexpr,
+                X_PAIRS: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr):
+    """Everything block kb's math reads: (w, w2, s, z, s2, z2, xi0, xi1, xi2, xi3).
+
+    A prefetch may ask for a block past the split: EVEN_K clamps it to the split's last block
+    (kb_last; re-read from L1/L2, never used), so no load needs a predicate and the zero-fill of
+    its registers that comes with one; otherwise it is masked off (pred, and the K-tail masks)."""
+    pred = kb < k_hi
+    if EVEN_K:
+        kb = tl.minimum(kb, kb_last)
+    w, w2 = _load_w(qw_ptr, kb, pred, row_in_block, n3, num_rows, N, stride_qk, stride_qn,
+                    PF, BLOCK_N, TWO, EVEN_K and EVEN_N)
+    s, z = _load_sz(s_ptr, z_ptr, kb, pred, offs_r, offs_w, offs_n, N, group_size, num_groups,
+                    stride_sg, stride_sn, stride_zg, stride_zn, PF, HAS_ZEROS, SCALE_ALIGNED, EVEN_K, EVEN_N)
+    s2, z2 = s, z
+    if TWO:
+        s2, z2 = _load_sz(s_ptr, z_ptr, kb, pred, offs_r, offs_w, offs_n2, N, group_size, num_groups,
+                          stride_sg, stride_sn, stride_zg, stride_zn, PF, HAS_ZEROS, SCALE_ALIGNED, EVEN_K, EVEN_N)
+    xi0, xi1, xi2, xi3 = _load_x(x_ptr, perm_ptr, kb, k_hi, row_in_block, stride_xk, stride_pk,
+                                 PF, BITS, HAS_PERM, X_PAIRS, EVEN_K)
+    return w, w2, s, z, s2, z2, xi0, xi1, xi2, xi3
+
+
+@triton.jit
+def _pairs(xi0, xi1, xi2, xi3, BITS: tl.constexpr, HAS_ZEROS: tl.constexpr, EMULATE: tl.constexpr):
+    """Activation pairs (pa, pb, pc, pd) for the word decode and, with zeros, the row sums xs."""
+    xs = xi0  # unused without zeros
+    if BITS == 4:
+        if EMULATE:
+            pa, pb, pc, pd = _pairs_w4_emu(xi0, xi1, xi2, xi3)
+            if HAS_ZEROS:
+                xs = _hsum_emu(xi0, xi1, xi2, xi3)
+        else:
+            pa, pb, pc, pd = _pairs_w4(xi0, xi1, xi2, xi3)
+            if HAS_ZEROS:
+                xs = _hsum(xi0, xi1, xi2, xi3)
+    else:
+        if EMULATE:
+            pa, pb = _pairs_w8_emu(xi0, xi1)
+            if HAS_ZEROS:
+                xs = _hsum_emu(xi0, xi1, xi0 & 0, xi1 & 0)
+        else:
+            pa, pb = _pairs_w8(xi0, xi1)
+            if HAS_ZEROS:
+                xs = _hsum(xi0, xi1, xi0 & 0, xi1 & 0)
+        pc = pa  # unused
+        pd = pb
+    return pa, pb, pc, pd, xs
+
+
+@triton.jit
+def _tile(acc, accz, w, s, z, pa, pb, pc, pd, xs,
+          BITS: tl.constexpr, HAS_ZEROS: tl.constexpr, SCALE_ALIGNED: tl.constexpr, EMULATE: tl.constexpr):
+    """acc [WARPS, R, BN] += s sum_j x_j (q_j - z) for one tile of words (s, z already loaded)."""
+    BIAS_Q: tl.constexpr = 1 << (BITS - 1)  # the asm subtracts it from every code
+    if EMULATE:
+        if BITS == 4:
+            t = _dot_w4_emu(w, pa[:, :, None], pb[:, :, None], pc[:, :, None], pd[:, :, None])
+        else:
+            t = _dot_w8_emu(w, pa[:, :, None], pb[:, :, None])
+    elif BITS == 4:
+        t = _dot_w4(w, pa[:, :, None], pb[:, :, None], pc[:, :, None], pd[:, :, None])
+    else:
+        t = _dot_w8(w, pa[:, :, None], pb[:, :, None])
+    s = s.to(tl.float32)
+    acc += s * t
+    if HAS_ZEROS:
+        z = z.to(tl.float32)
+        if SCALE_ALIGNED:  # (8 - z) s sum x: one FFMA per column per block on the thread's row sum
+            accz += ((BIAS_Q - z) * s) * tl.sum(xs, axis=1)[:, None, None]
+        else:
+            acc += ((BIAS_Q - z) * s) * xs[:, :, None]
+    return acc, accz
+
+
+@triton.jit
 def _gemv_h2_kernel(  # M == 1, fp16 x
     x_ptr, qw_ptr, s_ptr, z_ptr, perm_ptr, bias_ptr, y_ptr, ws_ptr, lock_ptr,
     N, K, group_size, k_per_split, split_k,
@@ -300,14 +452,20 @@ def _gemv_h2_kernel(  # M == 1, fp16 x
     BITS: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr,
     SCALE_ALIGNED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_KW: tl.constexpr, USE_SPLIT: tl.constexpr,
     X_PAIRS: tl.constexpr, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr, TWO: tl.constexpr, WARPS: tl.constexpr,
-    EMULATE: tl.constexpr,
+    DEPTH: tl.constexpr, EMULATE: tl.constexpr,
 ):
     """Program (pid_n, pid_k): columns [pid_n * BN, +BN) (and [+BN, +2 BN) when TWO: the two tiles
     share each thread's activation pairs, so a thread owns 8 columns per word row, not 4), K range
     [k_lo, k_hi) of its split. Word tiles are [WARPS, R, BN] (word row i * R + r, BN = 128 =
     32 threads x 4 columns): warp i owns R word rows, each thread 4 columns of them (16-byte
     loads), so per-row values are [WARPS, R] and per-column ones [WARPS, 1, BN], both in the
-    words' layout."""
+    words' layout.
+
+    The K loop is software-pipelined in registers, DEPTH (1 or 2) blocks ahead: the words,
+    scales/zeros and activations of block i + DEPTH are loaded before block i's math. Without it
+    ptxas put each 16-byte word load next to its consumers and reused the destination registers,
+    so a warp had 1-4 loads in flight, not a whole block's; an M = 1 GEMV is bound by bytes in
+    flight (Little's law), not by issue. Prefetches past the split's end move no DRAM bytes."""
     PF: tl.constexpr = 32 // BITS
     BLOCK_K: tl.constexpr = BLOCK_KW * PF
     R: tl.constexpr = BLOCK_KW // WARPS
@@ -323,79 +481,44 @@ def _gemv_h2_kernel(  # M == 1, fp16 x
     num_groups = (K + group_size - 1) // group_size
     k_lo = pid_k * k_per_split
     k_hi = tl.minimum(K, k_lo + k_per_split)
-    xi_ptr = x_ptr.to(tl.pointer_type(tl.int32))  # X_PAIRS: x contiguous, K even
     acc = tl.zeros((WARPS, R, BLOCK_N), dtype=tl.float32)
     acc2 = tl.zeros((WARPS, R, BLOCK_N), dtype=tl.float32)
     accz = tl.zeros((WARPS, 1, BLOCK_N), dtype=tl.float32)  # aligned asym: (8 - z) s sum x
     accz2 = tl.zeros((WARPS, 1, BLOCK_N), dtype=tl.float32)
     n3 = offs_n[None, None, :]
+
+    # Register pipeline, DEPTH blocks ahead: block i + DEPTH's loads are issued before block i's
+    # math, which reads registers loaded DEPTH iterations earlier. ptxas sinks independent loads
+    # to the end of the iteration (fewest live registers), so with DEPTH = 1 a warp still waits for
+    # the loads it just issued (all of a block's loads are in flight together, though); with
+    # DEPTH = 2 the loads sunk to the end of iteration i are first used in iteration i + 2, so they
+    # fly during block i + 1's math.
+    kb_last = k_hi - BLOCK_K
+    cur = _load_block(x_ptr, qw_ptr, s_ptr, z_ptr, perm_ptr, k_lo, k_hi, kb_last, offs_r, offs_w, offs_n, offs_n2,
+                      n3, row_in_block, N, num_rows, group_size, num_groups, stride_xk, stride_qk, stride_qn,
+                      stride_sg, stride_sn, stride_zg, stride_zn, stride_pk,
+                      PF, BITS, BLOCK_N, TWO, HAS_ZEROS, HAS_PERM, SCALE_ALIGNED, X_PAIRS, EVEN_K, EVEN_N)
+    if DEPTH == 2:
+        nxt = _load_block(x_ptr, qw_ptr, s_ptr, z_ptr, perm_ptr, k_lo + BLOCK_K, k_hi, kb_last, offs_r, offs_w,
+                          offs_n, offs_n2, n3, row_in_block, N, num_rows, group_size, num_groups,
+                          stride_xk, stride_qk, stride_qn, stride_sg, stride_sn, stride_zg, stride_zn, stride_pk,
+                          PF, BITS, BLOCK_N, TWO, HAS_ZEROS, HAS_PERM, SCALE_ALIGNED, X_PAIRS, EVEN_K, EVEN_N)
     for kb in range(k_lo, k_hi, BLOCK_K):
-        rows = kb // PF + row_in_block  # [WARPS, R]
-        w_ptrs = qw_ptr + rows[:, :, None] * stride_qk + n3 * stride_qn
-        if EVEN_K and EVEN_N:  # no masks: no zero-fill of the destination registers
-            w = tl.load(w_ptrs)
-            if TWO:
-                w2 = tl.load(w_ptrs + BLOCK_N * stride_qn)
-        else:
-            w_mask = (rows[:, :, None] < num_rows) & (n3 < N)
-            w = tl.load(w_ptrs, mask=w_mask, other=0)
-            if TWO:
-                w2 = tl.load(w_ptrs + BLOCK_N * stride_qn, mask=w_mask & (n3 + BLOCK_N < N), other=0)
-        k_row = kb + row_in_block * PF  # first code of each word row, [WARPS, R]
-        # xi_m: fp16x2 (x_{k_row + 2m}, x_{k_row + 2m + 1}); 0 past K / the split
-        if X_PAIRS:
-            xr = xi_ptr + k_row // 2
-            if EVEN_K:
-                xi0 = tl.load(xr + 0)
-                xi1 = tl.load(xr + 1)
-                if BITS == 4:
-                    xi2 = tl.load(xr + 2)
-                    xi3 = tl.load(xr + 3)
-            else:
-                xi0 = tl.load(xr + 0, mask=k_row + 0 < k_hi, other=0)
-                xi1 = tl.load(xr + 1, mask=k_row + 2 < k_hi, other=0)
-                if BITS == 4:
-                    xi2 = tl.load(xr + 2, mask=k_row + 4 < k_hi, other=0)
-                    xi3 = tl.load(xr + 3, mask=k_row + 6 < k_hi, other=0)
-        else:
-            xi0 = _pack(_xload(x_ptr, perm_ptr, k_row + 0, k_hi, stride_xk, stride_pk, HAS_PERM),
-                        _xload(x_ptr, perm_ptr, k_row + 1, k_hi, stride_xk, stride_pk, HAS_PERM))
-            xi1 = _pack(_xload(x_ptr, perm_ptr, k_row + 2, k_hi, stride_xk, stride_pk, HAS_PERM),
-                        _xload(x_ptr, perm_ptr, k_row + 3, k_hi, stride_xk, stride_pk, HAS_PERM))
-            if BITS == 4:
-                xi2 = _pack(_xload(x_ptr, perm_ptr, k_row + 4, k_hi, stride_xk, stride_pk, HAS_PERM),
-                            _xload(x_ptr, perm_ptr, k_row + 5, k_hi, stride_xk, stride_pk, HAS_PERM))
-                xi3 = _pack(_xload(x_ptr, perm_ptr, k_row + 6, k_hi, stride_xk, stride_pk, HAS_PERM),
-                            _xload(x_ptr, perm_ptr, k_row + 7, k_hi, stride_xk, stride_pk, HAS_PERM))
-        if not HAS_ZEROS:
-            xs = row_in_block  # unused
-        if BITS == 4:
-            if EMULATE:
-                pa, pb, pc, pd = _pairs_w4_emu(xi0, xi1, xi2, xi3)
-                if HAS_ZEROS:
-                    xs = _hsum_emu(xi0, xi1, xi2, xi3)
-            else:
-                pa, pb, pc, pd = _pairs_w4(xi0, xi1, xi2, xi3)
-                if HAS_ZEROS:
-                    xs = _hsum(xi0, xi1, xi2, xi3)
-        else:
-            if EMULATE:
-                pa, pb = _pairs_w8_emu(xi0, xi1)
-                if HAS_ZEROS:
-                    xs = _hsum_emu(xi0, xi1, xi0 & 0, xi1 & 0)
-            else:
-                pa, pb = _pairs_w8(xi0, xi1)
-                if HAS_ZEROS:
-                    xs = _hsum(xi0, xi1, xi0 & 0, xi1 & 0)
-            pc = pa  # unused
-            pd = pb
-        acc, accz = _tile(acc, accz, w, pa, pb, pc, pd, xs, kb, offs_r, offs_w, offs_n, N, s_ptr, z_ptr,
-                          group_size, num_groups, stride_sg, stride_sn, stride_zg, stride_zn,
-                          BITS, HAS_ZEROS, SCALE_ALIGNED, WARPS, EMULATE)
+        new = _load_block(x_ptr, qw_ptr, s_ptr, z_ptr, perm_ptr, kb + DEPTH * BLOCK_K, k_hi, kb_last, offs_r,
+                          offs_w, offs_n, offs_n2, n3, row_in_block, N, num_rows, group_size, num_groups,
+                          stride_xk, stride_qk, stride_qn, stride_sg, stride_sn, stride_zg, stride_zn, stride_pk,
+                          PF, BITS, BLOCK_N, TWO, HAS_ZEROS, HAS_PERM, SCALE_ALIGNED, X_PAIRS, EVEN_K, EVEN_N)
+        w, w2, s, z, s2, z2, xi0, xi1, xi2, xi3 = cur
+        pa, pb, pc, pd, xs = _pairs(xi0, xi1, xi2, xi3, BITS, HAS_ZEROS, EMULATE)
+        acc, accz = _tile(acc, accz, w, s, z, pa, pb, pc, pd, xs, BITS, HAS_ZEROS, SCALE_ALIGNED, EMULATE)
         if TWO:
-            acc2, accz2 = _tile(acc2, accz2, w2, pa, pb, pc, pd, xs, kb, offs_r, offs_w, offs_n2, N, s_ptr, z_ptr,
-                                group_size, num_groups, stride_sg, stride_sn, stride_zg, stride_zn,
-                                BITS, HAS_ZEROS, SCALE_ALIGNED, WARPS, EMULATE)
+            acc2, accz2 = _tile(acc2, accz2, w2, s2, z2, pa, pb, pc, pd, xs,
+                                BITS, HAS_ZEROS, SCALE_ALIGNED, EMULATE)
+        if DEPTH == 2:  # rotate the buffers
+            cur = nxt
+            nxt = new
+        else:
+            cur = new
     offs_m = tl.arange(0, 1)
     y = (tl.sum(tl.sum(acc, axis=0), axis=0) + tl.sum(tl.sum(accz, axis=0), axis=0))[None, :]  # [1, BN]
     if TWO:  # one split-K counter per column tile: 2 pid_n, 2 pid_n + 1
@@ -407,6 +530,11 @@ def _gemv_h2_kernel(  # M == 1, fp16 x
     else:
         store_tile(y, offs_m, offs_n, 1, N, y_ptr, 0, stride_yn, bias_ptr, ws_ptr, lock_ptr,
                    pid_k, pid_n, split_k, HAS_BIAS, USE_SPLIT)
+
+
+def h2_depth(num_stages: int) -> int:
+    """Blocks the K loop loads ahead (the choice's num_stages - 1, 1 or 2): register pipeline depth."""
+    return 2 if num_stages >= 3 else 1
 
 
 def gemv_h2_supported(qw: QuantizedWeight, block_n: int, block_k: int, num_warps: int,
@@ -431,7 +559,8 @@ def quant_gemv_h2(
     """y [1, N] = x[:, perm] @ W + bias for fp16 x [1, K] on a CUDA device (see the module docstring).
 
     block_n: 128 (one tile of 128 columns) or 256 (two tiles sharing the activation pairs);
-    block_k counts codes (BLOCK_KW = block_k // PF word rows, a multiple of num_warps).
+    block_k counts codes (BLOCK_KW = block_k // PF word rows, a multiple of num_warps);
+    num_stages 2 or 3: the K loop loads 1 or 2 blocks ahead (h2_depth).
     """
     M, K = x.shape
     N = qw.out_features
@@ -463,7 +592,7 @@ def quant_gemv_h2(
         BITS=qw.bits, HAS_ZEROS=qw.zeros is not None, HAS_PERM=qw.perm is not None, HAS_BIAS=bias is not None,
         SCALE_ALIGNED=aligned, BLOCK_N=128, BLOCK_KW=block_k // pf, USE_SPLIT=split_k > 1,
         X_PAIRS=x_pairs, EVEN_K=K % block_k == 0, EVEN_N=N % block_n == 0, TWO=block_n == 256, WARPS=num_warps,
-        EMULATE=os.environ.get("TRITON_INTERPRET") == "1",
-        num_warps=num_warps, num_stages=num_stages,
+        DEPTH=h2_depth(num_stages), EMULATE=os.environ.get("TRITON_INTERPRET") == "1",
+        num_warps=num_warps, num_stages=min(num_stages, 2),  # the pipeline is ours (DEPTH), not Triton's
     )
     return y

@@ -136,21 +136,32 @@ def candidates(bits: int, group: int, N: int, K: int, M: int, num_sms: int) -> l
 
 
 # gemv_h2 tiles (block_n, word rows, warps): block_n 256 = two 128-column tiles sharing the activation
-# pairs; word rows / warps = rows per thread (SASS per 4-bit code, asym g128: 2.8 at (256, 16, 4))
-H2_SHAPES = ((256, 16, 4), (256, 8, 2), (256, 16, 8), (256, 8, 4), (256, 32, 8), (128, 16, 4))
+# pairs; word rows / warps = rows per thread. Words per thread and block: 4 * rows per thread (x2 at
+# block_n 256), 16 or 32 (256 or 512 bytes in one block's loads)
+H2_SHAPES = ((256, 16, 4), (256, 8, 2), (256, 16, 8), (256, 8, 4), (256, 32, 8), (128, 16, 4), (128, 16, 2))
+# register pipeline depth (gemv_h2.h2_depth: num_stages 2 -> 1 block ahead, 3 -> 2 blocks ahead). Offline
+# sm_90 cubins, 4-bit: 80-168 registers at depth 1, 128-136 at depth 2 for 16-word tiles, 240-255 for
+# 32-word ones, and (256, 32, 8) spills at depth 2 (skipped there). H200, 2026-11-30: (128, 16, 2) at depth 1
+# won qkv, gate_up and down; depth 2 lost on every shape (docs/kernels.md)
+H2_STAGES = (2, 3)
+H2_NO_DEPTH2 = ((256, 32, 8),)
 
 
-def h2_candidates(bits: int, group: int, K: int) -> list[KernelChoice]:
-    """gemv_h2 (fp16 x, M = 1) shapes x split-K; dispatch.choice_supported drops them for bf16 x and act-order."""
+def h2_candidates(bits: int, group: int, K: int, splits: tuple[int, ...] = (1, 2, 4, 8, 16)) -> list[KernelChoice]:
+    """gemv_h2 (fp16 x, M = 1) shapes x split-K x pipeline depth; dispatch.choice_supported drops them for
+    bf16 x and act-order."""
     pf = 32 // bits
     out = []
     for bn, kw, warps in H2_SHAPES:
         bk = kw * pf
         if group != -1 and group % bk != 0 and group % pf != 0:
             continue
-        for split in (1, 2, 4, 8, 16):
-            if split == 1 or K // split >= 2 * bk:
-                out.append(KernelChoice("gemv_h2", 1, bn, bk, split, warps, 2))
+        for stages in H2_STAGES:
+            if stages == 3 and (bn, kw, warps) in H2_NO_DEPTH2:
+                continue
+            for split in splits:
+                if split == 1 or K // split >= 2 * bk:
+                    out.append(KernelChoice("gemv_h2", 1, bn, bk, split, warps, stages))
     return out
 
 

@@ -127,6 +127,39 @@ def test_kernel_families(triton_mods, kernel, bm, bn, bk, split, M):
     assert int(split_k_locks(x.device).abs().sum()) == 0, "split-K counters must return to zero"
 
 
+# gemv_h2 called directly: under TRITON_INTERPRET it runs pure-Triton stand-ins of its PTX (EMULATE), so
+# this checks its indexing, masks, register pipeline (num_stages 2 / 3 = 1 / 2 blocks ahead, the prefetch
+# clamped or masked at the split's end), per-element and paired x loads, act-order and the split-K fixup
+H2_CPU = [
+    # (bits, group, asym, act, K, N, block_n, block_k, split, warps, stages, bias)
+    (4, 32, True, True, K_ODD, N_ODD, 128, 32, 3, 2, 2, True),  # odd K: per-element x, K and N tails
+    (4, 128, True, False, 256, 256, 256, 64, 2, 2, 3, False),  # no masks at all: clamped prefetch
+    (4, 32, False, False, 200, N_ODD, 128, 64, 1, 4, 3, True),  # paired x with a K tail, per-row scales
+    (4, -1, True, False, 512, 128, 128, 128, 4, 4, 3, False),  # one block per split
+    (8, 64, True, False, 192, 130, 256, 32, 2, 2, 3, True),  # 8-bit, N tail in the second tile
+    (8, 32, False, True, 301, N_ODD, 128, 16, 2, 2, 2, False),
+]
+
+
+@pytest.mark.parametrize("bits,group,asym,act,K,N,bn,bk,split,warps,stages,has_bias", H2_CPU,
+                         ids=[f"w{c[0]}-g{c[1]}-{c[4]}x{c[5]}-{c[6]}x{c[7]}s{c[8]}w{c[9]}d{c[10] - 1}" for c in H2_CPU])
+def test_gemv_h2_emulated(triton_mods, bits, group, asym, act, K, N, bn, bk, split, warps, stages, has_bias):
+    from edgellm.kernels.triton.common import split_k_locks
+    from edgellm.kernels.triton.gemv_h2 import quant_gemv_h2
+
+    seed = seed_of("h2", bits, group, K, N, bk, stages)
+    qw = make_weight(K, N, bits, group, asym, act, seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    x = torch.randn(1, K, generator=gen).half()
+    bias = torch.randn(N, generator=gen).half() if has_bias else None
+    out = torch.full((1, N), float("nan"), dtype=torch.float16)
+    y = quant_gemv_h2(x, qw, bias, block_n=bn, block_k=bk, split_k=split, num_warps=warps, num_stages=stages,
+                      out=out)
+    assert y.data_ptr() == out.data_ptr()
+    assert rel_err(y, quant_matmul_ref(x, qw, bias)) <= TOL_FP16
+    assert int(split_k_locks(x.device).abs().sum()) == 0, "split-K counters must return to zero"
+
+
 def test_bf16_and_batched_shape(triton_mods):
     # GEMV only: Triton 3.6's interpreter computes tl.dot on bf16 operands from their raw bits
     # (wrong by 1e10 on a plain 16x16 dot), so bf16 through the GEMM is checked by the GPU tests.

@@ -107,34 +107,35 @@ def test_split_k_counters_reset_and_graph_replay():
 
 
 # gemv_h2 (fp16x2 inline-PTX GEMV, fp16 x, M = 1) called directly: every group size, sym/asym,
-# act-order, partial last group (K % group != 0), odd N, both tile widths, split-K on and off.
+# act-order, partial last group (K % group != 0), odd N, both tile widths, split-K on and off, the
+# register pipeline 1 and 2 blocks ahead.
 H2_CASES = [
-    # (bits, group, asym, act, K, N, block_n, block_k, split, warps)
-    (4, 128, True, False, 4096, 4096, 256, 128, 4, 4),
-    (4, 128, False, False, 4096, 11008, 256, 64, 8, 2),
-    (4, 128, True, True, 11008, 4096, 256, 256, 16, 8),
-    (4, 128, False, True, 4096, 4096, 128, 128, 1, 4),
-    (4, 32, True, False, 4096, 4096, 256, 128, 4, 4),
-    (4, 32, False, True, 11008, 4096, 256, 128, 8, 4),
-    (4, 64, True, True, 4096, 11008, 256, 128, 2, 4),
-    (4, 64, False, False, 4096, 4096, 128, 256, 4, 4),
-    (4, -1, True, False, 11008, 4096, 256, 256, 8, 8),
-    (4, -1, False, True, 4096, 4096, 128, 256, 1, 4),
-    (4, 128, True, False, 4000, 4096, 256, 128, 4, 4),  # partial last group, K % block_k != 0
-    (4, 128, True, True, 4000, 4097, 256, 128, 4, 4),  # odd N too
-    (4, 64, False, False, 1000, 333, 128, 128, 2, 4),
-    (4, 32, True, False, 1003, 1001, 256, 64, 3, 2),  # odd K: per-element x loads
-    (8, 128, True, False, 4096, 4096, 256, 64, 4, 4),
-    (8, 128, False, True, 11008, 4096, 256, 64, 8, 4),
-    (8, 64, True, False, 4000, 4097, 128, 128, 2, 4),
-    (8, -1, True, True, 4096, 11008, 256, 32, 4, 2),
+    # (bits, group, asym, act, K, N, block_n, block_k, split, warps, stages: 3 = loads 2 blocks ahead)
+    (4, 128, True, False, 4096, 4096, 256, 128, 4, 4, 3),
+    (4, 128, False, False, 4096, 11008, 256, 64, 8, 2, 2),
+    (4, 128, True, True, 11008, 4096, 256, 256, 16, 8, 3),
+    (4, 128, False, True, 4096, 4096, 128, 128, 1, 4, 2),
+    (4, 32, True, False, 4096, 4096, 256, 128, 4, 4, 3),
+    (4, 32, False, True, 11008, 4096, 256, 128, 8, 4, 2),
+    (4, 64, True, True, 4096, 11008, 256, 128, 2, 4, 3),
+    (4, 64, False, False, 4096, 4096, 128, 256, 4, 4, 2),
+    (4, -1, True, False, 11008, 4096, 256, 256, 8, 8, 3),
+    (4, -1, False, True, 4096, 4096, 128, 256, 1, 4, 2),
+    (4, 128, True, False, 4000, 4096, 256, 128, 4, 4, 3),  # partial last group, K % block_k != 0
+    (4, 128, True, True, 4000, 4097, 256, 128, 4, 4, 2),  # odd N too
+    (4, 64, False, False, 1000, 333, 128, 128, 2, 4, 3),
+    (4, 32, True, False, 1003, 1001, 256, 64, 3, 2, 2),  # odd K: per-element x loads
+    (8, 128, True, False, 4096, 4096, 256, 64, 4, 4, 3),
+    (8, 128, False, True, 11008, 4096, 256, 64, 8, 4, 2),
+    (8, 64, True, False, 4000, 4097, 128, 128, 2, 4, 3),
+    (8, -1, True, True, 4096, 11008, 256, 32, 4, 2, 2),
 ]
 
 
-@pytest.mark.parametrize("bits,group,asym,act,K,N,bn,bk,split,warps", H2_CASES,
+@pytest.mark.parametrize("bits,group,asym,act,K,N,bn,bk,split,warps,stages", H2_CASES,
                          ids=[f"w{c[0]}-g{c[1]}-{'asym' if c[2] else 'sym'}{'-act' if c[3] else ''}-{c[4]}x{c[5]}"
-                              f"-{c[6]}x{c[7]}s{c[8]}w{c[9]}" for c in H2_CASES])
-def test_gemv_h2_direct(bits, group, asym, act, K, N, bn, bk, split, warps):
+                              f"-{c[6]}x{c[7]}s{c[8]}w{c[9]}d{c[10] - 1}" for c in H2_CASES])
+def test_gemv_h2_direct(bits, group, asym, act, K, N, bn, bk, split, warps, stages):
     from edgellm.kernels.triton.gemv_h2 import gemv_h2_supported, quant_gemv_h2
 
     qw = make_weight(K, N, bits, group, asym, act, seed=K + N + bits + group)
@@ -147,7 +148,8 @@ def test_gemv_h2_direct(bits, group, asym, act, K, N, bn, bk, split, warps):
         xf = x.float() if qw.perm is None else x.float()[:, qw.perm.long()]
         ref = xf @ w_ref + (bias.float() if bias_on else 0.0)
         out = torch.full((1, N), float("nan"), device="cuda", dtype=torch.float16)
-        y = quant_gemv_h2(x, qw, bias, block_n=bn, block_k=bk, split_k=split, num_warps=warps, num_stages=2, out=out)
+        y = quant_gemv_h2(x, qw, bias, block_n=bn, block_k=bk, split_k=split, num_warps=warps, num_stages=stages,
+                          out=out)
         torch.cuda.synchronize()
         assert not torch.isnan(y).any(), "unwritten output elements"
         err = ((y.float() - ref).norm() / ref.norm()).item()
