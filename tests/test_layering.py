@@ -113,14 +113,3 @@ def test_loader_builds_the_model_but_never_imports_the_engine():
     # may import edgellm.model (one way: the model never imports the loader).
     forbidden = ("edgellm.engine", "edgellm.server", "edgellm.cli", "edgellm.hub")
     assert violations(modules("edgellm.loader"), lambda imp: not under(imp, forbidden)) == []
-
-
-def test_server_talks_only_to_async_llm():
-    ok = (
-        "edgellm.server", "edgellm.async_llm", "edgellm.engine.request", "edgellm.engine.sampling_params",
-        "edgellm.config",
-    )
-    names = modules("edgellm.server")
-    if not names:
-        pytest.skip("edgellm/server does not exist yet")
-    assert violations(names, lambda imp: top(imp) != "edgellm" or under(imp, ok)) == []
