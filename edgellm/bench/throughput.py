@@ -15,17 +15,24 @@ Runs one request at a time (batch 1, concurrency 1) take only the first
 `--serial-prompts` requests: their rate does not depend on how many follow, and
 they are the slow rows.
 
-Prints a markdown table: requests/s, output tokens/s, total (prompt + output) tokens/s.
+Prints a markdown table: requests/s, output tokens/s, total (prompt + output) tokens/s, and each
+row's host memory: the peak growth of this process's resident set during the row (edgellm: building
+the engine, weights, KV pool and generation; HF: its model load, measured once, plus generation).
 """
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import platform
 import random
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import click
+import psutil
 
 
 @dataclass(slots=True)
@@ -48,13 +55,43 @@ class Result:
     batch: str
     seconds: float
     work: Workload
+    peak_rss_bytes: int  # growth of the resident set over the row, see the module docstring
 
     def row(self, base_tok_s: float | None) -> str:
         n = len(self.work.prompts)
         out_s = self.work.num_output_tokens / self.seconds
         total_s = (self.work.num_prompt_tokens + self.work.num_output_tokens) / self.seconds
         ratio = f"{out_s / base_tok_s:.2f}x" if base_tok_s else "-"
-        return f"| {self.runner} | {self.batch} | {n} | {n / self.seconds:.3f} | {out_s:.1f} | {total_s:.1f} | {ratio} |"
+        mib = self.peak_rss_bytes / 2**20
+        return (f"| {self.runner} | {self.batch} | {n} | {n / self.seconds:.3f} | {out_s:.1f} | {total_s:.1f} | {ratio} "
+                f"| {mib:,.0f} |")
+
+
+def measure_peak_rss(fn: Callable[[], float]) -> tuple[float, int]:
+    """Run fn; return its result and the peak growth of the process RSS while it ran (sampled every 5 ms)."""
+    # The previous row's engine must be gone and its pages returned to the OS, or the allocator
+    # reuses them and hides this row's growth.
+    gc.collect()
+    if platform.system() == "Linux":
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    proc = psutil.Process()
+    start = proc.memory_info().rss
+    peak = start
+    done = threading.Event()
+
+    def sample() -> None:
+        nonlocal peak
+        while not done.wait(0.005):
+            peak = max(peak, proc.memory_info().rss)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        result = fn()
+    finally:
+        done.set()
+        sampler.join()
+    return result, max(peak, proc.memory_info().rss) - start
 
 
 def make_workload(vocab_size: int, special_ids: set[int], num: int, input_len: int, output_len: int,
@@ -160,7 +197,12 @@ def throughput(model: str, num_prompts: int, serial_prompts: int, input_len: int
 
     results: list[Result] = []
     serial = Workload(work.prompts[:serial_prompts], work.output_lens[:serial_prompts])
-    hf = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).to(device).eval() if hf_batches else None
+    hf, hf_load_bytes = None, 0
+    if hf_batches:
+        def load_hf() -> object:
+            return AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).to(device).eval()
+
+        hf, hf_load_bytes = measure_peak_rss(load_hf)
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     if hf is not None:
         run_hf(hf, Workload(work.prompts[:1], [4]), 1, pad, False)  # warm-up
@@ -168,16 +210,17 @@ def throughput(model: str, num_prompts: int, serial_prompts: int, input_len: int
     for size in sorted(set(hf_batches) | set(concurrencies)):
         w = serial if size == 1 else work
         if size in hf_batches:
-            results.append(Result("HF transformers `generate`", f"batch {size}" + (" (padded)" if size > 1 else ""),
-                                  run_hf(hf, w, size, pad, progress), w))
+            seconds, grown = measure_peak_rss(lambda: run_hf(hf, w, size, pad, progress))
+            batch = f"batch {size}" + (" (padded)" if size > 1 else "")
+            results.append(Result("HF transformers `generate`", batch, seconds, w, hf_load_bytes + grown))
         if size in concurrencies:
-            seconds = run_edgellm(str(path), device, dtype, w, size, max_model_len, progress)
-            results.append(Result("edgellm `LLM.generate`", f"{size} concurrent", seconds, w))
+            seconds, grown = measure_peak_rss(lambda: run_edgellm(str(path), device, dtype, w, size, max_model_len, progress))
+            results.append(Result("edgellm `LLM.generate`", f"{size} concurrent", seconds, w, grown))
 
     base = next((r for r in results if r.batch == "batch 1"), None)
     base_tok_s = base.work.num_output_tokens / base.seconds if base else None
     print()
-    print("| runner | batch | requests | requests/s | output tok/s | total tok/s | output vs HF batch 1 |")
-    print("|---|---|---|---|---|---|---|")
+    print("| runner | batch | requests | requests/s | output tok/s | total tok/s | output vs HF batch 1 | peak host MiB |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in results:
         print(r.row(base_tok_s))
