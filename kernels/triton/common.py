@@ -50,6 +50,24 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def plan_split_k(
+    K: int, split_k: int, block_k: int, num_tiles: int, y: Tensor
+) -> tuple[int, int, Tensor, Tensor]:
+    """(k_per_split, split_k, ws, locks) for a launch of num_tiles output tiles writing y [M, N].
+
+    Each split covers a whole number of K blocks; splits that would be empty are dropped; a launch
+    with more tiles than counters runs unsplit. Without split-K, ws and locks are y (never touched).
+    """
+    k_per_split = cdiv(cdiv(K, split_k), block_k) * block_k
+    split_k = min(split_k, cdiv(K, k_per_split))
+    if num_tiles > NUM_LOCKS:
+        split_k = 1
+    if split_k == 1:
+        return k_per_split, 1, y, y
+    ws = torch.empty(split_k, *y.shape, dtype=torch.float32, device=y.device)
+    return k_per_split, split_k, ws, split_k_locks(y.device)
+
+
 @triton.jit
 def store_tile(
     acc, offs_m, offs_n, M, N,

@@ -25,7 +25,7 @@ import triton.language as tl
 from torch import Tensor
 
 from edgellm.kernels.qweight import QuantizedWeight
-from edgellm.kernels.triton.common import MAGIC_ONE, NUM_LOCKS, cdiv, split_k_locks, store_tile
+from edgellm.kernels.triton.common import MAGIC_ONE, cdiv, plan_split_k, store_tile
 
 
 @triton.jit
@@ -153,15 +153,7 @@ def quant_gemm(
     assert x.dtype in (torch.float16, torch.bfloat16)
     y = torch.empty(M, N, dtype=x.dtype, device=x.device) if out is None else out
     num_tiles = cdiv(M, block_m) * cdiv(N, block_n)
-    k_per_split = cdiv(cdiv(K, split_k), block_k) * block_k
-    split_k = min(split_k, cdiv(K, k_per_split))
-    if num_tiles > NUM_LOCKS:
-        split_k = 1
-    if split_k > 1:
-        ws = torch.empty(split_k, M, N, dtype=torch.float32, device=x.device)
-        locks = split_k_locks(x.device)
-    else:
-        ws, locks = y, y  # unused
+    k_per_split, split_k, ws, locks = plan_split_k(K, split_k, block_k, num_tiles, y)
     aligned = qw.group_size >= K or qw.group_size % block_k == 0
     zeros = qw.zeros if qw.zeros is not None else qw.scales
     perm = qw.perm if qw.perm is not None else qw.qweight

@@ -32,7 +32,7 @@ import triton.language as tl
 from torch import Tensor
 
 from edgellm.kernels.qweight import QuantizedWeight
-from edgellm.kernels.triton.common import MAGIC_ONE, NUM_LOCKS, cdiv, split_k_locks, store_tile
+from edgellm.kernels.triton.common import MAGIC_ONE, cdiv, plan_split_k, store_tile
 
 
 @triton.jit
@@ -226,15 +226,7 @@ def quant_gemv(
     assert K == qw.in_features and block_k % pf == 0 and gemv_supported(qw, block_k)
     y = torch.empty(M, N, dtype=x.dtype, device=x.device) if out is None else out
     num_pid_n, num_pid_m = cdiv(N, block_n), cdiv(M, block_m)
-    k_per_split = cdiv(cdiv(K, split_k), block_k) * block_k
-    split_k = min(split_k, cdiv(K, k_per_split))
-    if num_pid_n * num_pid_m > NUM_LOCKS:
-        split_k = 1
-    if split_k > 1:
-        ws = torch.empty(split_k, M, N, dtype=torch.float32, device=x.device)
-        locks = split_k_locks(x.device)
-    else:
-        ws, locks = y, y  # unused
+    k_per_split, split_k, ws, locks = plan_split_k(K, split_k, block_k, num_pid_n * num_pid_m, y)
     aligned = qw.group_size >= K or qw.group_size % block_k == 0
     zeros = qw.zeros if qw.zeros is not None else qw.scales
     perm = qw.perm if qw.perm is not None else qw.qweight
